@@ -6,7 +6,6 @@ import sys
 from collections.abc import Callable
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from mlm_adapt.data import MLMDataModule
@@ -40,13 +39,20 @@ class MLMAdaptCLI(LightningCLI):
 
     def after_fit(self) -> None:
         """Prints the before/after validation metrics."""
-        before = self.model.baseline_metrics
         after = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k in EVAL_METRICS}
-        if not before or not after:
-            return
-        lines = ["", f"{'metric':<16}{'before':>12}{'after':>12}"]
-        lines += [f"{k:<16}{before[k]:>12.4f}{after[k]:>12.4f}" for k in EVAL_METRICS if k in before and k in after]
-        rank_zero_info("\n".join(lines))
+        table = before_after_table(self.model.baseline_metrics, after)
+        if table and self.trainer.is_global_zero:
+            print(table)
+
+
+def before_after_table(before: dict[str, float], after: dict[str, float]) -> str:
+    """A small text table of the validation metrics before and after adaptation ('' if either is empty)."""
+    keys = [k for k in EVAL_METRICS if k in before and k in after]
+    if not keys:
+        return ""
+    lines = [f"{'metric':<16}{'before':>12}{'after':>12}"]
+    lines += [f"{k:<16}{before[k]:>12.4f}{after[k]:>12.4f}" for k in keys]
+    return "\n".join(lines)
 
 
 def _run(entry: Callable[[list[str]], object], args: list[str]) -> None:

@@ -10,7 +10,14 @@ import datasets
 from mlm_adapt.errors import MLMAdaptError
 
 # File suffix -> datasets packaged builder.
-BUILDERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+BUILDERS = {
+    ".txt": "text",
+    ".text": "text",
+    ".jsonl": "json",
+    ".json": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+}
 
 
 def expand_files(patterns: list[str] | str, key: str) -> list[str]:
@@ -73,7 +80,9 @@ def _load_one_builder(builder: str, files: list[str], key: str, text_column: str
     return _text_only(dataset, text_column)
 
 
-def load_files(files: list[str], key: str, text_column: str, cache_dir: str | None = None) -> datasets.Dataset:
+def load_files(
+    files: list[str], key: str, text_column: str, cache_dir: str | None = None
+) -> datasets.Dataset:
     """Loads local files (grouped by format) into one dataset with a ``text`` column, in file order."""
     by_builder: dict[str, list[str]] = {}
     for file in files:
@@ -86,7 +95,9 @@ def load_files(files: list[str], key: str, text_column: str, cache_dir: str | No
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
-def load_hub(name: str, config: str | None, split: str, text_column: str, cache_dir: str | None) -> datasets.Dataset:
+def load_hub(
+    name: str, config: str | None, split: str, text_column: str, cache_dir: str | None
+) -> datasets.Dataset:
     """Loads one split of a dataset through ``datasets.load_dataset`` (Hub name or local dataset dir)."""
     try:
         dataset = datasets.load_dataset(name, config, split=split, cache_dir=cache_dir)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from functools import cached_property
 from typing import Any
 
@@ -61,7 +63,12 @@ class KeyedDataset(Dataset):
     def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
         epoch, index = key if isinstance(key, tuple) else (0, key)
         row = self.blocks[int(index)]
-        return {"input_ids": row["input_ids"], "word_ids": row["word_ids"], "example_id": index, "epoch": epoch}
+        return {
+            "input_ids": row["input_ids"],
+            "word_ids": row["word_ids"],
+            "example_id": index,
+            "epoch": epoch,
+        }
 
 
 class MLMDataModule(L.LightningDataModule):
@@ -79,7 +86,8 @@ class MLMDataModule(L.LightningDataModule):
         dataset_config: Its configuration name.
         text_column: Column holding the text in json/csv/parquet files and datasets.
         tokenizer_name_or_path: Tokenizer to use; linked from ``model.model_name_or_path`` by the CLI.
-        max_seq_length: Block length in tokens, ``[CLS]``/``[SEP]`` included; linked from the model by the CLI.
+        max_seq_length: Block length in tokens, ``[CLS]``/``[SEP]`` included; linked from the model by
+            the CLI.
         packing: Concatenate documents into full ``max_seq_length`` blocks (no padding waste). With
             ``false``, each line is its own example; a line longer than a block continues in the next one.
         segmenter: Word segmenter backend: ``rjieba`` (fast) or ``jieba``; same dictionary, same words.
@@ -131,7 +139,9 @@ class MLMDataModule(L.LightningDataModule):
         if not 0.0 <= validation_split < 1.0:
             raise MLMAdaptError(f"data.validation_split={validation_split} must be in [0, 1), e.g. 0.05")
         if max_seq_length < 8:
-            raise MLMAdaptError(f"data.max_seq_length={max_seq_length} is too short; use at least 8 (e.g. 512)")
+            raise MLMAdaptError(
+                f"data.max_seq_length={max_seq_length} is too short; use at least 8 (e.g. 512)"
+            )
         self.segmenter = Segmenter(segmenter, hmm=hmm, user_dict=user_dict)
         self.train_dataset: datasets.Dataset | None = None
         self.val_dataset: datasets.Dataset | None = None
@@ -145,7 +155,9 @@ class MLMDataModule(L.LightningDataModule):
         try:
             tokenizer = AutoTokenizer.from_pretrained(name)
         except Exception as exc:
-            raise MLMAdaptError(f"model.model_name_or_path: cannot load a tokenizer from {name!r}: {exc}") from exc
+            raise MLMAdaptError(
+                f"model.model_name_or_path: cannot load a tokenizer from {name!r}: {exc}"
+            ) from exc
         if tokenizer.mask_token_id is None:
             raise MLMAdaptError(
                 f"model.model_name_or_path: tokenizer of {name!r} has no mask token; "
@@ -170,14 +182,14 @@ class MLMDataModule(L.LightningDataModule):
         hp = self.hparams
         splits: dict[str, datasets.Dataset] = {}
         if hp.dataset_name:
-            splits["train"] = load_hub(hp.dataset_name, hp.dataset_config, "train", hp.text_column, hp.cache_dir)
+            splits["train"] = load_hub(
+                hp.dataset_name, hp.dataset_config, "train", hp.text_column, hp.cache_dir
+            )
             if not hp.validation_files:
-                try:
+                with contextlib.suppress(MLMAdaptError):  # no validation split: hold one out below
                     splits["validation"] = load_hub(
                         hp.dataset_name, hp.dataset_config, "validation", hp.text_column, hp.cache_dir
                     )
-                except MLMAdaptError:
-                    pass  # no validation split: hold one out below
         else:
             files = expand_files(hp.train_files, "data.train_files")
             splits["train"] = load_files(files, "data.train_files", hp.text_column, hp.cache_dir)
@@ -186,14 +198,19 @@ class MLMDataModule(L.LightningDataModule):
                 files = expand_files(hp[key], f"data.{key}")
                 splits[split] = load_files(files, f"data.{key}", hp.text_column, hp.cache_dir)
         for split in list(splits):
-            splits[split] = splits[split].filter(_is_non_empty, batched=True, desc=f"Dropping empty lines ({split})")
+            splits[split] = splits[split].filter(
+                _is_non_empty, batched=True, desc=f"Dropping empty lines ({split})"
+            )
             if len(splits[split]) == 0:
                 key = "data.train_files" if split == "train" else f"data.{split}_files"
-                raise MLMAdaptError(f"{key}: no text left after dropping empty lines; check the files' content")
+                raise MLMAdaptError(
+                    f"{key}: no text left after dropping empty lines; check the files' content"
+                )
         if "validation" not in splits:
             if hp.validation_split <= 0 or len(splits["train"]) < 2:
                 raise MLMAdaptError(
-                    "data.validation_split: need validation data; set data.validation_files or a split in (0, 1)"
+                    "data.validation_split: need validation data; "
+                    "set data.validation_files or a split in (0, 1)"
                 )
             held_out = splits["train"].train_test_split(test_size=hp.validation_split, seed=hp.seed)
             splits["train"], splits["validation"] = held_out["train"], held_out["test"]
@@ -285,4 +302,3 @@ class MLMDataModule(L.LightningDataModule):
     @override
     def test_dataloader(self) -> DataLoader:
         return self._loader(KeyedDataset(self.test_dataset), self._eval_batch_size())
-

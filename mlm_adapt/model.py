@@ -46,7 +46,8 @@ def load_masked_lm(
     architectures = config.architectures or []
     if getattr(config, "is_decoder", False) or any(a.endswith(_CAUSAL_SUFFIXES) for a in architectures):
         raise MLMAdaptError(
-            f"{key}: {model_name_or_path!r} is a decoder/causal-LM checkpoint ({', '.join(architectures) or 'is_decoder=True'}); "
+            f"{key}: {model_name_or_path!r} is a decoder/causal-LM checkpoint "
+            f"({', '.join(architectures) or 'is_decoder=True'}); "
             "its loss shifts labels by one position. Use a masked-LM checkpoint (e.g. BertForMaskedLM)"
         )
     try:
@@ -115,7 +116,9 @@ class MaskedLMModule(L.LightningModule):
             )
         self.head_split = _split_head(self.model) if masked_only_head else None
         vocab_size = self.model.config.vocab_size
-        self.accuracy = nn.ModuleDict({s: MulticlassAccuracy(vocab_size, average="micro") for s in EVAL_STAGES})
+        self.accuracy = nn.ModuleDict(
+            {s: MulticlassAccuracy(vocab_size, average="micro") for s in EVAL_STAGES}
+        )
         self.perplexity = nn.ModuleDict({s: Perplexity() for s in EVAL_STAGES})
         # Validation metrics of the unadapted model (the step-0 domain baseline), kept in checkpoints.
         self.baseline_metrics: dict[str, float] = {}
@@ -149,7 +152,9 @@ class MaskedLMModule(L.LightningModule):
             self.accuracy[stage](logits, labels)
             self.perplexity[stage](logits[None].float(), labels[None])
             self.log(f"{stage}/accuracy", self.accuracy[stage], batch_size=n_masked)
-            self.log(f"{stage}/perplexity", self.perplexity[stage], batch_size=n_masked, prog_bar=stage == "val")
+            self.log(
+                f"{stage}/perplexity", self.perplexity[stage], batch_size=n_masked, prog_bar=stage == "val"
+            )
         return loss
 
     @override

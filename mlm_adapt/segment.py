@@ -72,7 +72,7 @@ class Segmenter:
         self.hmm = hmm
         self.user_dict = user_dict
         self._entries = read_user_dict(user_dict) if user_dict else []
-        # Part of the pickled state, so datasets' cache fingerprint changes when the dictionary's content does.
+        # Pickled with the segmenter: datasets' cache fingerprint changes when the dictionary content does.
         self.user_dict_sha1 = hashlib.sha1(repr(self._entries).encode()).hexdigest() if user_dict else None
         self._impl = None
 

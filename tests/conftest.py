@@ -35,8 +35,14 @@ def review_texts() -> list[str]:
 def tiny_model_dir(tmp_path_factory, review_texts) -> Path:
     """A tiny randomly initialized BertForMaskedLM + fast tokenizer, saved with ``save_pretrained``."""
     return build_tiny_bert(
-        tmp_path_factory.mktemp("tiny") / "tiny-bert", review_texts, max_chars=1500, hidden_size=32,
-        num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
+        tmp_path_factory.mktemp("tiny") / "tiny-bert",
+        review_texts,
+        max_chars=1500,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
     )
 
 
@@ -60,7 +66,11 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
     """Runs ``python -m mlm_adapt ARGS`` in a subprocess, the way users do."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run(
-        [sys.executable, "-m", "mlm_adapt", *args], cwd=cwd, env=env, capture_output=True, text=True,
+        [sys.executable, "-m", "mlm_adapt", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=timeout,
     )
 
