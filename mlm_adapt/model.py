@@ -140,11 +140,21 @@ class MaskedLMModule(L.LightningModule):
         """Full ``(B, L, V)`` vocabulary logits."""
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
-    def _shared_step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
+    def masked_lm_loss(
+        self, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Mean cross-entropy over masked positions, with their logits and labels.
+
+        Unshifted: the prediction at position i is scored against the token at position i. A batch without
+        masked tokens gives a zero loss (not NaN).
+        """
         logits, labels = self.masked_logits(batch)
+        loss = F.cross_entropy(logits.float(), labels, reduction="sum") / max(labels.numel(), 1)
+        return loss, logits, labels
+
+    def _shared_step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
+        loss, logits, labels = self.masked_lm_loss(batch)
         n_masked = labels.numel()
-        # Unshifted: the prediction at position i is scored against the token at position i.
-        loss = F.cross_entropy(logits.float(), labels, reduction="sum") / max(n_masked, 1)
         self.log(
             f"{stage}/loss", loss, prog_bar=True, batch_size=max(n_masked, 1), sync_dist=stage in EVAL_STAGES
         )
