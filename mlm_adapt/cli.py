@@ -21,6 +21,8 @@ class MLMAdaptCLI(LightningCLI):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("seed_everything_default", 42)
+        # The optimizer comes from model.optimizer, so the no-decay groups and schedule always apply.
+        kwargs.setdefault("auto_configure_optimizers", False)
         super().__init__(MaskedLMModule, MLMDataModule, *args, **kwargs)
 
     @override
@@ -38,7 +40,9 @@ class MLMAdaptCLI(LightningCLI):
         }
 
     def after_fit(self) -> None:
-        """Prints the before/after validation metrics."""
+        """Prints the before/after validation metrics, validating the final weights if not done yet."""
+        if self.model.last_validated_step != self.trainer.global_step:
+            self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
         after = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k in EVAL_METRICS}
         table = before_after_table(self.model.baseline_metrics, after)
         if table and self.trainer.is_global_zero:
@@ -73,4 +77,5 @@ def main(args: list[str] | None = None) -> None:
     if args and args[0] in commands:
         _run(commands[args[0]], args[1:])
     else:
-        _run(lambda a: MLMAdaptCLI(args=a), args)
+        # LightningCLI reads sys.argv itself; passing it again only triggers its "args and argv" warning.
+        _run(lambda a: MLMAdaptCLI(args=None if a == sys.argv[1:] else a), args)

@@ -122,6 +122,7 @@ class MaskedLMModule(L.LightningModule):
         self.perplexity = nn.ModuleDict({s: Perplexity() for s in EVAL_STAGES})
         # Validation metrics of the unadapted model (the step-0 domain baseline), kept in checkpoints.
         self.baseline_metrics: dict[str, float] = {}
+        self.last_validated_step = -1
 
     def masked_logits(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Vocabulary logits and labels of the masked positions only: ``(N, V)`` and ``(N,)``."""
@@ -174,6 +175,10 @@ class MaskedLMModule(L.LightningModule):
     @override
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self._shared_step(batch, "val")
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        self.last_validated_step = self.global_step
 
     @override
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
