@@ -88,10 +88,13 @@ def load_files(
     for file in files:
         by_builder.setdefault(BUILDERS[Path(file).suffix.lower()], []).append(file)
     parts = [_load_one_builder(b, fs, key, text_column, cache_dir) for b, fs in by_builder.items()]
-    for part in parts:
+    for i, part in enumerate(parts):
         # csv/json may infer non-string types (e.g. a numeric column); text must be a string.
-        if part.features["text"].dtype != "string":
+        dtype = getattr(part.features["text"], "dtype", None)
+        if dtype not in ("string", "large_string"):
             raise MLMAdaptError(f"{key}: column {text_column!r} is not text; set data.text_column")
+        if dtype == "large_string":  # pandas-written parquet; concatenation needs one string type
+            parts[i] = part.cast_column("text", datasets.Value("string"))
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 

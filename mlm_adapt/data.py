@@ -286,8 +286,15 @@ class MLMDataModule(L.LightningDataModule):
     @override
     def train_dataloader(self) -> DataLoader:
         world_size, rank = self._world()
+        # drop_last: ranks get disjoint, equal shards (padding would repeat examples on some ranks); the
+        # < world_size examples left out differ every epoch because the shuffle does.
         sampler = EpochSampler(
-            self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=self.hparams.seed
+            self.train_dataset,
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=True,
+            seed=self.hparams.seed,
+            drop_last=True,
         )
         return self._loader(KeyedDataset(self.train_dataset), self.hparams.batch_size, sampler)
 
