@@ -18,7 +18,6 @@ from mlm_adapt.export import (
     DEFAULT_TAGS,
     ExportInfo,
     check_output_dir,
-    metrics_table,
     val_metrics_at,
     write_export,
 )
@@ -196,8 +195,8 @@ class HFExport(L.Callback):
             model, tokenizer, self.export_dir, info, overwrite=self.overwrite, verify=self.verify
         )
         check = f"; reload check: max |logit difference| {diff:.2e}" if diff is not None else ""
-        rank_zero_info(f"mlm_adapt export: wrote {self.export_dir} ({source}){check}")
-        rank_zero_info(metrics_table(baseline, final))
+        after = f"; val/loss {final['val/loss']:.4f} at step {final_step}" if "val/loss" in final else ""
+        rank_zero_info(f"mlm_adapt export: wrote {self.export_dir} ({source}){after}{check}")
         if self.push_to_hub:
             url = push_folder(self.export_dir, self.repo_id, self.private, self.revision, self.commit_message)
             rank_zero_info(f"mlm_adapt export: pushed to {url}")

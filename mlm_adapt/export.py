@@ -6,6 +6,7 @@ Used by the :class:`~mlm_adapt.callbacks.HFExport` callback at the end of ``fit`
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 import yaml
 from huggingface_hub import ModelCard, ModelCardData
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -85,11 +87,11 @@ def _is_hub_id(name: str) -> bool:
     return not Path(name).exists() and name.count("/") == 1 and not name.startswith((".", "/"))
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: Any, digits: int | None = None) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
-        return f"{value:.4f}"
+        return f"{value:.{digits}f}" if digits is not None else f"{value:g}"
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, (list, tuple)):
@@ -165,9 +167,8 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         lines += [f"| metric | before (step 0, `{base}`) | {after_head} |", "|---|---:|---:|"]
         for name in EVAL_METRICS:
             b, a = before.get(name), after.get(name)
-            lines.append(
-                f"| {name} | {_fmt(b) if b is not None else 'n/a'} | {_fmt(a) if a is not None else 'n/a'} |"
-            )
+            cells = [_fmt(v, 4) if v is not None else "n/a" for v in (b, a)]
+            lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
     else:
         lines.append("No validation metrics were recorded for this checkpoint.")
     files = data.get("train_files") or ([data["dataset_name"]] if data.get("dataset_name") else [])
@@ -286,7 +287,8 @@ def write_export(
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         (staging / CONFIG_FILENAME).write_text(info.resolved_config(), encoding="utf-8")
-        render_model_card(info, title=output_dir.resolve().name).save(staging / "README.md")
+        title = info.repo_id.rsplit("/", 1)[-1] if info.repo_id else output_dir.resolve().name
+        render_model_card(info, title=title).save(staging / "README.md")
         diff = verify_export(model, tokenizer, staging) if verify else None
         _move_into(staging, output_dir)
     finally:
@@ -345,6 +347,7 @@ def export(
     # Imported here: the callback module imports this one.
     from mlm_adapt.callbacks import HFExport
 
+    transformers.logging.disable_progress_bar()
     check_output_dir(output_dir, overwrite)
     if push_to_hub:
         check_hub_access(repo_id)
@@ -390,8 +393,24 @@ def export(
         print(f"pushed to {push_folder(output_dir, repo_id, private, revision, commit_message)}")
 
 
+def bare_flags(args: list[str], function: Any) -> list[str]:
+    """Lets boolean options of ``function`` be given as bare flags: ``--overwrite`` -> ``--overwrite=true``.
+
+    jsonargparse expects a value after a boolean option; the commands document ``--overwrite`` and
+    ``--push_to_hub`` as flags, as users write them.
+    """
+    names = {
+        f"--{n}" for n, p in inspect.signature(function).parameters.items() if p.annotation in (bool, "bool")
+    }
+    out = []
+    for i, arg in enumerate(args):
+        value_follows = i + 1 < len(args) and args[i + 1].lower() in ("true", "false")
+        out.append(f"{arg}=true" if arg in names and not value_follows else arg)
+    return out
+
+
 def export_main(args: list[str]) -> None:
     """``python -m mlm_adapt export``."""
     from jsonargparse import auto_cli
 
-    auto_cli(export, args=args, prog="python -m mlm_adapt export")
+    auto_cli(export, args=bare_flags(args, export), prog="python -m mlm_adapt export")

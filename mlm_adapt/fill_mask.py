@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+import transformers
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from mlm_adapt.checkpoints import load_checkpoint, module_from_checkpoint
@@ -137,6 +138,10 @@ def predict(
     return predictions, fillings
 
 
+def _p(probability: float) -> str:
+    return f"{probability:.4f}" if probability >= 1e-3 else f"{probability:.2e}"
+
+
 def _width(text: str) -> int:
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
@@ -164,7 +169,7 @@ def render(
             cells = []
             for mode in modes:
                 token, prob = results[mode][0][i].candidates[rank]
-                cells.append(_pad(f"{rank + 1}. {token} {prob:.4f}", column))
+                cells.append(_pad(f"{rank + 1}. {token} {_p(prob)}", column))
             lines.append((_pad(label, 14) + "".join(cells)).rstrip())
     lines += ["", "best whole-word filling per run of masks (greedy, most confident mask first):"]
     for j, first in enumerate(results[modes[0]][1]):
@@ -173,7 +178,7 @@ def render(
             if first.last > first.first
             else f"mask {first.first + 1}"
         )
-        cells = [_pad(f"{results[m][1][j].word} p={results[m][1][j].probability:.4f}", column) for m in modes]
+        cells = [_pad(f"{results[m][1][j].word} p={_p(results[m][1][j].probability)}", column) for m in modes]
         lines.append((_pad(span, 14) + "".join(cells)).rstrip())
     for mode in modes:
         filled = " / ".join(f.text for f in results[mode][1])
@@ -196,6 +201,7 @@ def fill_mask(
     """
     if top_k < 1:
         raise MLMAdaptError(f"--top_k={top_k} must be at least 1")
+    transformers.logging.disable_progress_bar()
     lm, tokenizer = load_for_inference(model)
     modes = ["none", "zero"] if mask_attention == "zero" else ["none"]
     results = {mode: predict(lm, tokenizer, text, top_k, mode) for mode in modes}
