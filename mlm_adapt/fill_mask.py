@@ -69,8 +69,9 @@ def _mask_runs(positions: list[int]) -> list[list[int]]:
 @torch.no_grad()
 def _probs(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, banned: list[int]):
     logits = model(input_ids=input_ids[None], attention_mask=attention_mask[None]).logits[0].float()
-    logits[:, banned] = float("-inf")  # special tokens are never a filling
-    return logits.softmax(-1)
+    probs = logits.softmax(-1)  # over the whole vocabulary, as pipeline("fill-mask") reports them
+    probs[:, banned] = 0.0  # special tokens are never shown nor chosen as a filling
+    return probs
 
 
 def predict(
