@@ -295,3 +295,14 @@ def test_callback_in_plain_trainer_exports_last_and_pushes(
     assert card.data.license == "mit" and "final weights of the run" in card.text
     # Without LightningCLI the hyperparameters stand in for the resolved config.
     assert "no LightningCLI config recorded" in (out / "training_config.yaml").read_text(encoding="utf-8")
+
+
+def test_callback_refuses_non_empty_output_dir_before_training(tmp_path):
+    import lightning as L
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model.safetensors").write_bytes(b"previous")
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    with pytest.raises(MLMAdaptError, match=r"export.output_dir: .*out is not empty"):
+        HFExport(output_dir=str(tmp_path / "out")).setup(trainer, L.LightningModule(), "fit")
+    HFExport(output_dir=str(tmp_path / "out"), overwrite=True).setup(trainer, L.LightningModule(), "fit")
