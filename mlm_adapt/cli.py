@@ -8,6 +8,7 @@ from collections.abc import Callable
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
+from mlm_adapt.callbacks import HFExport
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model import MaskedLMModule
@@ -29,6 +30,8 @@ class MLMAdaptCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("model.model_name_or_path", "data.tokenizer_name_or_path")
         parser.link_arguments("model.max_seq_length", "data.max_seq_length")
+        # Always present (``export:`` in YAML, ``--export.*`` flags); ``export.enabled: false`` turns it off.
+        parser.add_lightning_class_args(HFExport, "export")
 
     def before_fit(self) -> None:
         """Validates the unadapted model first: the step-0 domain baseline, logged and kept in checkpoints."""
@@ -74,6 +77,11 @@ def main(args: list[str] | None = None) -> None:
     from mlm_adapt.preview import preview_main
 
     commands["preview"] = preview_main
+    from mlm_adapt.export import export_main
+    from mlm_adapt.fill_mask import fill_mask_main
+
+    commands["export"] = export_main
+    commands["fill-mask"] = fill_mask_main
     if args and args[0] in commands:
         _run(commands[args[0]], args[1:])
     else:
