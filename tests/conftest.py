@@ -103,11 +103,20 @@ def trained_run(tmp_path_factory, tiny_model_dir, review_texts) -> Path:
     root = tmp_path_factory.mktemp("trained")
     corpus = root / "reviews.txt"
     corpus.write_text("\n".join(review_texts) + "\n", encoding="utf-8")
-    checkpoint = '{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": ' \
+    checkpoint = (
+        '{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": '
         '{"monitor": "val/loss", "save_last": true, "dirpath": "%s"}}' % (root / "checkpoints")
+    )
     result = run_cli(
-        "fit", *tiny_fit_args(tiny_model_dir, corpus, root, "--trainer.val_check_interval=3",
-                              f"--trainer.callbacks+={checkpoint}", f"--export.output_dir={root / 'export'}")
+        "fit",
+        *tiny_fit_args(
+            tiny_model_dir,
+            corpus,
+            root,
+            "--trainer.val_check_interval=3",
+            f"--trainer.callbacks+={checkpoint}",
+            f"--export.output_dir={root / 'export'}",
+        ),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (root / "fit_stderr.txt").write_text(result.stderr, encoding="utf-8")
