@@ -12,6 +12,7 @@ from typing_extensions import override
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model import MaskedLMModule
+from mlm_adapt.scale import default_callbacks
 
 EVAL_METRICS = ("val/loss", "val/accuracy", "val/perplexity")
 
@@ -22,6 +23,8 @@ class MLMAdaptCLI(LightningCLI):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("seed_everything_default", 42)
+        # Persistent callbacks (appended to any configured ones): exact resume + global batch summary.
+        kwargs.setdefault("trainer_defaults", {"callbacks": default_callbacks()})
         super().__init__(MaskedLMModule, MLMDataModule, *args, **kwargs)
 
     @override

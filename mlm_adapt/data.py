@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from typing_extensions import override
 
@@ -255,9 +256,12 @@ class MLMDataModule(L.LightningDataModule):
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    def _loader(self, dataset: Dataset, batch_size: int, sampler=None) -> DataLoader:
+    def _loader(self, dataset: Dataset, batch_size: int, sampler=None, stateful: bool = False) -> DataLoader:
         workers = self.hparams.num_workers
-        return DataLoader(
+        # The train loader is stateful: Lightning stores its state_dict in checkpoints, so a resumed fit
+        # continues mid-epoch at the next unseen batch instead of replaying or skipping the epoch's start.
+        loader_class = StatefulDataLoader if stateful else DataLoader
+        return loader_class(
             dataset,
             batch_size=batch_size,
             sampler=sampler,
@@ -273,7 +277,7 @@ class MLMDataModule(L.LightningDataModule):
         sampler = EpochSampler(
             self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=self.hparams.seed
         )
-        return self._loader(KeyedDataset(self.train_dataset), self.hparams.batch_size, sampler)
+        return self._loader(KeyedDataset(self.train_dataset), self.hparams.batch_size, sampler, stateful=True)
 
     def _eval_batch_size(self) -> int:
         return self.hparams.eval_batch_size or self.hparams.batch_size
