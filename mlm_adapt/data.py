@@ -14,6 +14,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from typing_extensions import override
 
+from mlm_adapt import streaming as stream_lib
 from mlm_adapt.corpus import expand_files, load_files, load_hub
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import WholeWordMaskCollator, check_probabilities
@@ -96,6 +97,12 @@ class MLMDataModule(L.LightningDataModule):
         preprocessing_num_workers: Processes for tokenization (``datasets.map`` ``num_proc``).
         seed: Seed for the validation split, shuffling and masking.
         cache_dir: Where ``datasets`` caches loaded and preprocessed data (default: its own cache).
+        streaming: Stream the training corpus (larger than memory or disk cache): nothing is cached,
+            each rank reads a disjoint part, and ``trainer.max_steps`` sets the length. Validation and test
+            data stay in memory (``validation_files`` or held-out documents of the stream).
+        shuffle_buffer_size: Streaming only: documents in the shuffle buffer (file order is shuffled too).
+        streaming_validation_documents: Streaming without ``validation_files``: how many held-out
+            documents (a ``validation_split`` fraction, chosen by a hash of the text) form the validation set.
     """
 
     def __init__(
@@ -123,6 +130,9 @@ class MLMDataModule(L.LightningDataModule):
         preprocessing_num_workers: int | None = None,
         seed: int = 42,
         cache_dir: str | None = None,
+        streaming: bool = False,
+        shuffle_buffer_size: int = 10_000,
+        streaming_validation_documents: int = 2_000,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -135,6 +145,7 @@ class MLMDataModule(L.LightningDataModule):
             raise MLMAdaptError(f"data.max_seq_length={max_seq_length} is too short; use at least 8 (e.g. 512)")
         self.segmenter = Segmenter(segmenter, hmm=hmm, user_dict=user_dict)
         self.train_dataset: datasets.Dataset | None = None
+        self.train_stream: datasets.IterableDataset | None = None
         self.val_dataset: datasets.Dataset | None = None
         self.test_dataset: datasets.Dataset | None = None
         self.corpus_stats: dict[str, int] = {}
@@ -220,7 +231,7 @@ class MLMDataModule(L.LightningDataModule):
             },
             batched=True,
             num_proc=hp.preprocessing_num_workers,
-            remove_columns=tokenized["train"].column_names,
+            remove_columns=next(iter(tokenized.values())).column_names,
             features=BLOCK_FEATURES,
             desc="Packing blocks" if hp.packing else "Splitting long lines",
         )
@@ -228,11 +239,15 @@ class MLMDataModule(L.LightningDataModule):
     @override
     def prepare_data(self) -> None:
         # Runs once per node before setup: fills datasets' fingerprint cache, which setup() then reads.
-        self._preprocess(self._load_raw())
+        if not self.hparams.streaming:
+            self._preprocess(self._load_raw())
 
     @override
     def setup(self, stage: str | None = None) -> None:
-        if self.train_dataset is not None:
+        if self.train_dataset is not None or self.train_stream is not None:
+            return
+        if self.hparams.streaming:
+            stream_lib.setup(self)
             return
         raw = self._load_raw()
         blocks = self._preprocess(raw)
@@ -273,6 +288,8 @@ class MLMDataModule(L.LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
+        if self.hparams.streaming:
+            return stream_lib.train_dataloader(self)
         world_size, rank = self._world()
         sampler = EpochSampler(
             self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=self.hparams.seed

@@ -70,6 +70,7 @@ class BatchRecorder(L.Callback):
             "batch_idx": batch_idx,
             "digest": batch_digest(batch),
             "rows": [hashlib.sha1(repr(r).encode()).hexdigest()[:16] for r in rows],
+            "lengths": [len(r) for r in rows],
         }
         if self.index is not None:
             record["ids"] = [self.index[r] for r in rows]

@@ -1,4 +1,4 @@
-"""Exact resume: N steps straight == N/2 steps, SIGKILL, ``fit --ckpt_path last`` to N; atomic checkpoint writes."""
+"""Exact resume: N steps straight == N/2 steps + SIGKILL + ``fit --ckpt_path last``; atomic checkpoints."""
 
 from __future__ import annotations
 
@@ -107,7 +107,8 @@ def test_exact_resume_installs_atomic_io_only_over_the_default():
 
     from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
-    for given, expected in ((TorchCheckpointIO(), AtomicCheckpointIO), (AsyncCheckpointIO(), AsyncCheckpointIO)):
+    cases = ((TorchCheckpointIO(), AtomicCheckpointIO), (AsyncCheckpointIO(), AsyncCheckpointIO))
+    for given, expected in cases:
         trainer = SimpleNamespace(strategy=SimpleNamespace(checkpoint_io=given))
         ExactResume(seed=1).setup(trainer, None, "fit")
         assert type(trainer.strategy.checkpoint_io) is expected
