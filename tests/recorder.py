@@ -39,13 +39,16 @@ class BatchRecorder(L.Callback):
 
     Args:
         out_dir: Where to write.
-        kill_at_step: SIGKILL this process at the first batch start with ``global_step == kill_at_step``
-            (after the checkpoints of that step were written, before the batch is recorded).
+        kill_at_step: Send ``kill_signal`` to this process at the first batch start with
+            ``global_step == kill_at_step`` (after the checkpoints of that step were written, before the batch
+            is recorded).
+        kill_signal: ``SIGKILL`` (a crash) or e.g. ``SIGUSR1`` (SLURM's pre-timeout warning).
     """
 
-    def __init__(self, out_dir: str, kill_at_step: int | None = None):
+    def __init__(self, out_dir: str, kill_at_step: int | None = None, kill_signal: str = "SIGKILL"):
         self.out_dir = Path(out_dir)
         self.kill_at_step = kill_at_step
+        self.kill_signal = kill_signal
         self.index: dict[tuple[int, ...], int] | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -60,7 +63,7 @@ class BatchRecorder(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if self.kill_at_step is not None and trainer.global_step == self.kill_at_step:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), getattr(signal, self.kill_signal))
         rows = original_rows(batch)
         record = {
             "rank": trainer.global_rank,
