@@ -239,6 +239,7 @@ class MLMDataModule(L.LightningDataModule):
     @override
     def prepare_data(self) -> None:
         # Runs once per node before setup: fills datasets' fingerprint cache, which setup() then reads.
+        self.segmenter("预热")  # builds jieba's dictionary cache once per node; ranks and workers load it
         if not self.hparams.streaming:
             self._preprocess(self._load_raw())
 
