@@ -44,6 +44,7 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_reproduces_the_straight_run(tiny_model_dir, corpus_file, tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     result = _fit(tiny_model_dir, corpus_file, straight)
@@ -118,3 +119,32 @@ def test_batch_seeds_differ_by_position_and_rank():
     seeds = {batch_seed(42, e, b, r) for e in range(3) for b in range(50) for r in range(4)}
     assert len(seeds) == 3 * 50 * 4
     assert batch_seed(42, 1, 2, 3) == batch_seed(42, 1, 2, 3) < 2**63
+
+
+def test_train_loader_state_resumes_with_workers(tiny_model_dir, corpus_file, tmp_path):
+    from mlm_adapt.data import MLMDataModule
+
+    def loader():
+        dm = MLMDataModule(
+            train_files=[str(corpus_file)], tokenizer_name_or_path=str(tiny_model_dir), max_seq_length=32,
+            batch_size=4, num_workers=2, cache_dir=str(tmp_path / "hf"),
+        )
+        dm.prepare_data()
+        dm.setup("fit")
+        return dm.train_dataloader()
+
+    first = loader()
+    first.sampler.set_epoch(1)
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    state = first.state_dict()
+    expected = [next(it)["input_ids"] for _ in range(4)]
+    del it
+
+    second = loader()
+    second.sampler.set_epoch(1)
+    second.load_state_dict(state)
+    it = iter(second)
+    got = [next(it)["input_ids"] for _ in range(4)]
+    assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
