@@ -60,3 +60,22 @@ def test_epoch_sampler_shards_are_disjoint_cover_the_data_and_reshuffle_per_epoc
         assert set(shards[0]) | set(shards[1]) == set(range(n))
         orders[epoch] = shards[0]
     assert orders[0] != orders[1]
+
+
+def test_global_batch_info_counts_accumulation_devices_and_nodes():
+    from types import SimpleNamespace
+
+    from mlm_adapt.scale import GlobalBatchInfo
+
+    logged = []
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((metrics, step)))
+    trainer = SimpleNamespace(
+        datamodule=SimpleNamespace(hparams={"batch_size": 32, "max_seq_length": 512}),
+        accumulate_grad_batches=4, world_size=16, num_nodes=2, strategy=object(), loggers=[logger],
+        global_step=0,
+    )
+    callback = GlobalBatchInfo()
+    callback.on_train_start(trainer, None)
+    assert callback.info["global_batch_size"] == 32 * 4 * 16
+    assert callback.info["tokens_per_step"] == 32 * 4 * 16 * 512
+    assert logged == [({f"scale/{k}": float(v) for k, v in callback.info.items()}, 0)]
