@@ -12,6 +12,7 @@ from mlm_adapt.callbacks import HFExport
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model import MaskedLMModule
+from mlm_adapt.scale import default_callbacks
 
 EVAL_METRICS = ("val/loss", "val/accuracy", "val/perplexity")
 
@@ -24,6 +25,8 @@ class MLMAdaptCLI(LightningCLI):
         kwargs.setdefault("seed_everything_default", 42)
         # The optimizer comes from model.optimizer, so the no-decay groups and schedule always apply.
         kwargs.setdefault("auto_configure_optimizers", False)
+        # Persistent callbacks (appended to any configured ones): exact resume + global batch summary.
+        kwargs.setdefault("trainer_defaults", {"callbacks": default_callbacks()})
         super().__init__(MaskedLMModule, MLMDataModule, *args, **kwargs)
 
     @override

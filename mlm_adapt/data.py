@@ -11,9 +11,11 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from typing_extensions import override
 
+from mlm_adapt import streaming as stream_lib
 from mlm_adapt.corpus import expand_files, load_files, load_hub
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import WholeWordMaskCollator, check_probabilities
@@ -102,6 +104,12 @@ class MLMDataModule(L.LightningDataModule):
         preprocessing_num_workers: Processes for tokenization (``datasets.map`` ``num_proc``).
         seed: Seed for the validation split, shuffling and masking.
         cache_dir: Where ``datasets`` caches loaded and preprocessed data (default: its own cache).
+        streaming: Stream the training corpus (larger than memory or disk cache): nothing is cached,
+            each rank reads a disjoint part, and ``trainer.max_steps`` sets the length. Validation and test
+            data stay in memory (``validation_files`` or held-out documents of the stream).
+        shuffle_buffer_size: Streaming only: documents in the shuffle buffer (file order is shuffled too).
+        streaming_validation_documents: Streaming without ``validation_files``: how many held-out
+            documents (a ``validation_split`` fraction, chosen by a hash of the text) form the validation set.
     """
 
     def __init__(
@@ -129,6 +137,9 @@ class MLMDataModule(L.LightningDataModule):
         preprocessing_num_workers: int | None = None,
         seed: int = 42,
         cache_dir: str | None = None,
+        streaming: bool = False,
+        shuffle_buffer_size: int = 10_000,
+        streaming_validation_documents: int = 2_000,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -143,6 +154,7 @@ class MLMDataModule(L.LightningDataModule):
             )
         self.segmenter = Segmenter(segmenter, hmm=hmm, user_dict=user_dict)
         self.train_dataset: datasets.Dataset | None = None
+        self.train_stream: datasets.IterableDataset | None = None
         self.val_dataset: datasets.Dataset | None = None
         self.test_dataset: datasets.Dataset | None = None
         self.corpus_stats: dict[str, int] = {}
@@ -235,7 +247,7 @@ class MLMDataModule(L.LightningDataModule):
             },
             batched=True,
             num_proc=hp.preprocessing_num_workers,
-            remove_columns=tokenized["train"].column_names,
+            remove_columns=next(iter(tokenized.values())).column_names,
             features=BLOCK_FEATURES,
             desc="Packing blocks" if hp.packing else "Splitting long lines",
         )
@@ -243,11 +255,16 @@ class MLMDataModule(L.LightningDataModule):
     @override
     def prepare_data(self) -> None:
         # Runs once per node before setup: fills datasets' fingerprint cache, which setup() then reads.
-        self._preprocess(self._load_raw())
+        self.segmenter("预热")  # builds jieba's dictionary cache once per node; ranks and workers load it
+        if not self.hparams.streaming:
+            self._preprocess(self._load_raw())
 
     @override
     def setup(self, stage: str | None = None) -> None:
-        if self.train_dataset is not None:
+        if self.train_dataset is not None or self.train_stream is not None:
+            return
+        if self.hparams.streaming:
+            stream_lib.setup(self)
             return
         raw = self._load_raw()
         blocks = self._preprocess(raw)
@@ -271,9 +288,12 @@ class MLMDataModule(L.LightningDataModule):
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    def _loader(self, dataset: Dataset, batch_size: int, sampler=None) -> DataLoader:
+    def _loader(self, dataset: Dataset, batch_size: int, sampler=None, stateful: bool = False) -> DataLoader:
         workers = self.hparams.num_workers
-        return DataLoader(
+        # The train loader is stateful: Lightning stores its state_dict in checkpoints, so a resumed fit
+        # continues mid-epoch at the next unseen batch instead of replaying or skipping the epoch's start.
+        loader_class = StatefulDataLoader if stateful else DataLoader
+        return loader_class(
             dataset,
             batch_size=batch_size,
             sampler=sampler,
@@ -285,6 +305,8 @@ class MLMDataModule(L.LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
+        if self.hparams.streaming:
+            return stream_lib.train_dataloader(self)
         world_size, rank = self._world()
         # drop_last: ranks get disjoint, equal shards (padding would repeat examples on some ranks); the
         # < world_size examples left out differ every epoch because the shuffle does.
@@ -296,7 +318,7 @@ class MLMDataModule(L.LightningDataModule):
             seed=self.hparams.seed,
             drop_last=True,
         )
-        return self._loader(KeyedDataset(self.train_dataset), self.hparams.batch_size, sampler)
+        return self._loader(KeyedDataset(self.train_dataset), self.hparams.batch_size, sampler, stateful=True)
 
     def _eval_batch_size(self) -> int:
         return self.hparams.eval_batch_size or self.hparams.batch_size
