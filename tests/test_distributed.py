@@ -36,6 +36,8 @@ def test_ddp_fit_two_ranks_see_disjoint_examples_and_checkpoint_once(tiny_model_
     ckpts = list(tmp_path.glob("lightning_logs/version_0/checkpoints/*.ckpt"))
     assert [c.name for c in ckpts] == [f"epoch=0-step={steps}.ckpt"]
     assert len(list(tmp_path.rglob("config.yaml"))) == 1
+    exports = list(tmp_path.rglob("hf_model"))
+    assert len(exports) == 1 and (exports[0] / "model.safetensors").is_file()
     # The effective global batch is reported once, for the whole world.
     out = result.stdout + result.stderr
     summaries = re.findall(r"global batch (\d+) = (\d+) per device x (\d+) accumulation x (\d+)", out)
