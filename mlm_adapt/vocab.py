@@ -16,6 +16,7 @@ tied to the input embeddings.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -103,13 +104,30 @@ def _is_cjk(word: str) -> bool:
     return all("\u4e00" <= ch <= "\u9fff" for ch in word)
 
 
-def candidate_terms(texts: Iterable[str], user_dict: str | None = None, min_count: int = 5) -> Counter:
+def cohesion(term: str, corpus: str) -> float:
+    """Least pointwise mutual information (natural log) over the ways to split ``term`` in two.
+
+    High for terms whose parts rarely occur apart (``标间``, hotel jargon), low for chance combinations of
+    frequent words (``这是``), which the HMM also joins.
+    """
+    n, joint = max(len(corpus), 1), max(corpus.count(term), 1)
+    return min(
+        math.log(joint * n / (max(corpus.count(term[:i]), 1) * max(corpus.count(term[i:]), 1)))
+        for i in range(1, len(term))
+    )
+
+
+def candidate_terms(
+    texts: Iterable[str], user_dict: str | None = None, min_count: int = 5, min_cohesion: float = 3.0
+) -> Counter:
     """Multi-character Chinese words that jieba's HMM finds in ``texts`` but its dictionary lacks.
 
     Args:
         texts: The domain corpus.
         user_dict: A jieba user dictionary already in use (its words count as known).
         min_count: Keep terms seen at least this often.
+        min_cohesion: Keep terms whose :func:`cohesion` is at least this (``e**3 = 20`` times more often
+            together than by chance by default).
     """
     import rjieba
 
@@ -118,8 +136,11 @@ def candidate_terms(texts: Iterable[str], user_dict: str | None = None, min_coun
     dictionary = rjieba.Jieba()
     for word, freq, tag in read_user_dict(user_dict) if user_dict else []:
         dictionary.add_word(word, freq, tag)
+    texts = list(texts)
     counts = Counter(w for text in texts for w in dictionary.cut(text, True) if len(w) > 1 and _is_cjk(w))
-    return Counter({w: c for w, c in counts.items() if c >= min_count and not dictionary.has_word(w)})
+    counts = Counter({w: c for w, c in counts.items() if c >= min_count and not dictionary.has_word(w)})
+    corpus = "\n".join(texts)
+    return Counter({w: c for w, c in counts.items() if cohesion(w, corpus) >= min_cohesion})
 
 
 def write_user_dict(terms: Counter, path: str | Path) -> None:
@@ -161,6 +182,9 @@ def _make_cli():
                 help="Write the top OOV characters, one per line (for model.new_tokens_file).",
             )
             parser.add_argument("--min_count", type=int, default=5, help="Least count of a proposed term.")
+            parser.add_argument(
+                "--min_cohesion", type=float, default=3.0, help="Least PMI (nats) between a term's parts."
+            )
             parser.add_argument("--top_k", type=int, default=30, help="How many characters/terms to list.")
 
         @override
@@ -186,13 +210,19 @@ def vocab_main(args: list[str]) -> None:
         print(f"\nmost frequent OOV characters (share of all [UNK]):\n{'char':<6}{'count':>8}{'share':>9}")
         for ch, n in oov.most_common(config.top_k):
             print(f"{ch:<6}{n:>8}{n / max(unk_tokens, 1):>9.1%}")
-    terms = candidate_terms(texts, hp.user_dict, config.min_count)
+    if unk_tokens > sum(oov.values()):
+        print(
+            "(other [UNK]: words WordPiece cannot assemble from its pieces, e.g. a letter glued to a symbol)"
+        )
+    terms = candidate_terms(texts, hp.user_dict, config.min_count, config.min_cohesion)
     print(
         f"\n{len(terms):,} candidate jieba terms (HMM words missing from the dictionary, count >= "
-        f"{config.min_count}); top {min(config.top_k, len(terms))}:\n{'term':<10}{'count':>8}"
+        f"{config.min_count}, cohesion >= {config.min_cohesion}); top {min(config.top_k, len(terms))}:\n"
+        f"{'term':<10}{'count':>8}{'cohesion':>10}"
     )
+    corpus = "\n".join(texts)
     for word, n in terms.most_common(config.top_k):
-        print(f"{word:<10}{n:>8}")
+        print(f"{word:<10}{n:>8}{cohesion(word, corpus):>10.2f}")
     if config.output_dict:
         write_user_dict(terms, config.output_dict)
         print(f"\nwrote {len(terms):,} terms to {config.output_dict} (use it as data.user_dict)")

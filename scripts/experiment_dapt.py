@@ -39,6 +39,8 @@ ABLATIONS = {
     "ngram": ["--data.masking=ngram"],
     "exclude": ["--model.mask_attention=exclude"],
     "mix": ["--data.mix_files=[{general_train}]", "--data.mix_probability=0.2"],
+    # Not an ablation: the default run again with other masks and data order, to show the noise level.
+    "wwm_seed2": ["--data.seed=43", "--seed_everything=43"],
 }
 
 
@@ -200,6 +202,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--only", nargs="*", default=list(ABLATIONS), help="Adaptation runs to do.")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--reuse", action="store_true", help="Keep an earlier run's general model and results."
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: no oversubscription).")
     a = parser.parse_args()
     if a.quick:
@@ -225,27 +230,23 @@ def main() -> None:
         max_position_embeddings=a.max_seq_length,
         seed=a.seed,
     )
+    results_file = a.workdir / "results.json"
     results: dict = {"settings": {k: str(v) for k, v in vars(a).items()}, "adapt": {}}
-    runs = a.workdir / "runs"
-    args = fit_args(
-        base, paths["general_train"], paths["general_val"], runs / "pretrain", a.pretrain_steps, 1e-3, a
-    )
-    results["pretrain"], cli = run_fit("pretrain", args, paths, a)
-    general_model = a.workdir / "general-model"
-    cli.model.model.save_pretrained(general_model)
-    cli.datamodule.tokenizer.save_pretrained(general_model)
+    runs, general_model = a.workdir / "runs", a.workdir / "general-model"
+    if a.reuse and results_file.exists() and (general_model / "config.json").exists():
+        results = json.loads(results_file.read_text(encoding="utf-8"))  # add runs to an earlier experiment
+    else:
+        pre = fit_args(
+            base, paths["general_train"], paths["general_val"], runs / "pretrain", a.pretrain_steps, 1e-3, a
+        )
+        results["pretrain"], cli = run_fit("pretrain", pre, paths, a)
+        cli.model.model.save_pretrained(general_model)
+        cli.datamodule.tokenizer.save_pretrained(general_model)
     for name in a.only:
         extra = [s.format(**{k: str(v) for k, v in paths.items()}) for s in ABLATIONS[name]]
-        args = (
-            fit_args(
-                general_model, paths["domain_train"], paths["domain_val"], runs / name, a.adapt_steps, 5e-4, a
-            )
-            + extra
-        )
-        results["adapt"][name], _ = run_fit(name, args, paths, a)
-    (a.workdir / "results.json").write_text(
-        json.dumps(results, indent=1, ensure_ascii=False), encoding="utf-8"
-    )
+        domain = (paths["domain_train"], paths["domain_val"], runs / name, a.adapt_steps, 5e-4, a)
+        results["adapt"][name], _ = run_fit(name, fit_args(general_model, *domain) + extra, paths, a)
+        results_file.write_text(json.dumps(results, indent=1, ensure_ascii=False), encoding="utf-8")
     table = report(results, a)
     (a.workdir / "RESULTS.md").write_text(table, encoding="utf-8")
     print("\n" + table)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-from mlm_adapt.vocab import candidate_terms, extend_embeddings, oov_characters, write_user_dict
+from mlm_adapt.vocab import candidate_terms, cohesion, extend_embeddings, oov_characters, write_user_dict
 
 
 def test_oov_characters_and_unk_rate(tokenizer):
@@ -16,14 +16,20 @@ def test_oov_characters_and_unk_rate(tokenizer):
     assert (unk, total) == (4, 8)
 
 
-def test_candidate_terms_are_frequent_hmm_words_missing_from_the_dictionary(tmp_path):
-    texts = ["这款骁龙芯片的手机很流畅，骁龙芯片发热小"] * 3 + ["手机很好"]
+def test_candidate_terms_are_cohesive_hmm_words_missing_from_the_dictionary(tmp_path, review_texts):
+    texts = [*review_texts, *["这款骁龙芯片的手机很流畅，骁龙芯片发热小"] * 3]
     terms = candidate_terms(texts, min_count=3)
-    assert "骁龙" in terms and terms["骁龙"] >= 3
+    assert terms["骁龙"] == 6
     assert "手机" not in terms  # in jieba's dictionary
+    assert not candidate_terms(texts, min_count=3, min_cohesion=float("inf"))
     write_user_dict(terms, tmp_path / "dict.txt")
     known = candidate_terms(texts, user_dict=str(tmp_path / "dict.txt"), min_count=3)
     assert "骁龙" not in known  # a user dictionary's words count as known
+
+
+def test_cohesion_separates_terms_from_chance_pairs():
+    corpus = "标间很好。" * 20 + "这本书是好书。" * 50 + "这是" * 3 + "标" + "间"
+    assert cohesion("标间", corpus) > 3 > cohesion("这是", corpus)
 
 
 def test_new_tokens_start_from_the_mean_of_their_pieces_and_stay_tied(tiny_model_dir):
