@@ -14,7 +14,8 @@
 Every run goes through the same LightningCLI as ``python -m mlm_adapt fit`` (its exact command line is
 printed and written to the results); the tables go to ``RESULTS.md`` and ``results.json`` in the work dir.
 
-Usage: python scripts/experiment_dapt.py [--workdir .cache/dapt] [--quick]
+Usage: python scripts/experiment_dapt.py [--workdir .cache/dapt] [--quick] [--reuse --only RUN ...]
+Results of the default settings are in docs/results.md.
 """
 
 from __future__ import annotations
