@@ -6,12 +6,13 @@ import sys
 from collections.abc import Callable
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from mlm_adapt.callbacks import HFExport
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model import MaskedLMModule
+from mlm_adapt.scale import default_callbacks
 
 EVAL_METRICS = ("val/loss", "val/accuracy", "val/word_accuracy", "val/perplexity")
 
@@ -22,6 +23,10 @@ class MLMAdaptCLI(LightningCLI):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("seed_everything_default", 42)
+        # The optimizer comes from model.optimizer, so the no-decay groups and schedule always apply.
+        kwargs.setdefault("auto_configure_optimizers", False)
+        # Persistent callbacks (appended to any configured ones): exact resume + global batch summary.
+        kwargs.setdefault("trainer_defaults", {"callbacks": default_callbacks()})
         super().__init__(MaskedLMModule, MLMDataModule, *args, **kwargs)
 
     @override
@@ -29,6 +34,8 @@ class MLMAdaptCLI(LightningCLI):
         parser.link_arguments("model.model_name_or_path", "data.tokenizer_name_or_path")
         parser.link_arguments("model.max_seq_length", "data.max_seq_length")
         parser.link_arguments("model.new_tokens_file", "data.new_tokens_file")
+        # Always present (``export:`` in YAML, ``--export.*`` flags); ``export.enabled: false`` turns it off.
+        parser.add_lightning_class_args(HFExport, "export")
 
     def before_fit(self) -> None:
         """Validates the unadapted model first: the step-0 domain baseline, logged and kept in checkpoints."""
@@ -40,14 +47,23 @@ class MLMAdaptCLI(LightningCLI):
         }
 
     def after_fit(self) -> None:
-        """Prints the before/after validation metrics."""
-        before = self.model.baseline_metrics
+        """Prints the before/after validation metrics, validating the final weights if not done yet."""
+        if self.model.last_validated_step != self.trainer.global_step:
+            self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
         after = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k in EVAL_METRICS}
-        if not before or not after:
-            return
-        lines = ["", f"{'metric':<16}{'before':>12}{'after':>12}"]
-        lines += [f"{k:<16}{before[k]:>12.4f}{after[k]:>12.4f}" for k in EVAL_METRICS if k in before and k in after]
-        rank_zero_info("\n".join(lines))
+        table = before_after_table(self.model.baseline_metrics, after)
+        if table and self.trainer.is_global_zero:
+            print(table)
+
+
+def before_after_table(before: dict[str, float], after: dict[str, float]) -> str:
+    """A small text table of the validation metrics before and after adaptation ('' if either is empty)."""
+    keys = [k for k in EVAL_METRICS if k in before and k in after]
+    if not keys:
+        return ""
+    lines = [f"{'metric':<16}{'before':>12}{'after':>12}"]
+    lines += [f"{k:<16}{before[k]:>12.4f}{after[k]:>12.4f}" for k in keys]
+    return "\n".join(lines)
 
 
 def _run(entry: Callable[[list[str]], object], args: list[str]) -> None:
@@ -67,9 +83,15 @@ def main(args: list[str] | None = None) -> None:
     from mlm_adapt.vocab import vocab_main
 
     commands["preview"] = preview_main
+    from mlm_adapt.export import export_main
+    from mlm_adapt.fill_mask import fill_mask_main
+
+    commands["export"] = export_main
+    commands["fill-mask"] = fill_mask_main
     commands["vocab"] = vocab_main
     commands["plot"] = plot_main
     if args and args[0] in commands:
         _run(commands[args[0]], args[1:])
     else:
-        _run(lambda a: MLMAdaptCLI(args=a), args)
+        # LightningCLI reads sys.argv itself; passing it again only triggers its "args and argv" warning.
+        _run(lambda a: MLMAdaptCLI(args=None if a == sys.argv[1:] else a), args)

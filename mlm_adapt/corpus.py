@@ -10,7 +10,14 @@ import datasets
 from mlm_adapt.errors import MLMAdaptError
 
 # File suffix -> datasets packaged builder.
-BUILDERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+BUILDERS = {
+    ".txt": "text",
+    ".text": "text",
+    ".jsonl": "json",
+    ".json": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+}
 
 
 def expand_files(patterns: list[str] | str, key: str) -> list[str]:
@@ -73,20 +80,27 @@ def _load_one_builder(builder: str, files: list[str], key: str, text_column: str
     return _text_only(dataset, text_column)
 
 
-def load_files(files: list[str], key: str, text_column: str, cache_dir: str | None = None) -> datasets.Dataset:
+def load_files(
+    files: list[str], key: str, text_column: str, cache_dir: str | None = None
+) -> datasets.Dataset:
     """Loads local files (grouped by format) into one dataset with a ``text`` column, in file order."""
     by_builder: dict[str, list[str]] = {}
     for file in files:
         by_builder.setdefault(BUILDERS[Path(file).suffix.lower()], []).append(file)
     parts = [_load_one_builder(b, fs, key, text_column, cache_dir) for b, fs in by_builder.items()]
-    for part in parts:
+    for i, part in enumerate(parts):
         # csv/json may infer non-string types (e.g. a numeric column); text must be a string.
-        if part.features["text"].dtype != "string":
+        dtype = getattr(part.features["text"], "dtype", None)
+        if dtype not in ("string", "large_string"):
             raise MLMAdaptError(f"{key}: column {text_column!r} is not text; set data.text_column")
+        if dtype == "large_string":  # pandas-written parquet; concatenation needs one string type
+            parts[i] = part.cast_column("text", datasets.Value("string"))
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
-def load_hub(name: str, config: str | None, split: str, text_column: str, cache_dir: str | None) -> datasets.Dataset:
+def load_hub(
+    name: str, config: str | None, split: str, text_column: str, cache_dir: str | None
+) -> datasets.Dataset:
     """Loads one split of a dataset through ``datasets.load_dataset`` (Hub name or local dataset dir)."""
     try:
         dataset = datasets.load_dataset(name, config, split=split, cache_dir=cache_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from functools import cached_property
 from typing import Any
 
@@ -10,9 +11,11 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from typing_extensions import override
 
+from mlm_adapt import streaming as stream_lib
 from mlm_adapt.corpus import expand_files, load_files, load_hub
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import WholeWordMaskCollator, check_probabilities
@@ -62,7 +65,12 @@ class KeyedDataset(Dataset):
     def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
         epoch, index = key if isinstance(key, tuple) else (0, key)
         row = self.blocks[int(index)]
-        return {"input_ids": row["input_ids"], "word_ids": row["word_ids"], "example_id": index, "epoch": epoch}
+        return {
+            "input_ids": row["input_ids"],
+            "word_ids": row["word_ids"],
+            "example_id": index,
+            "epoch": epoch,
+        }
 
 
 class MLMDataModule(L.LightningDataModule):
@@ -80,7 +88,8 @@ class MLMDataModule(L.LightningDataModule):
         dataset_config: Its configuration name.
         text_column: Column holding the text in json/csv/parquet files and datasets.
         tokenizer_name_or_path: Tokenizer to use; linked from ``model.model_name_or_path`` by the CLI.
-        max_seq_length: Block length in tokens, ``[CLS]``/``[SEP]`` included; linked from the model by the CLI.
+        max_seq_length: Block length in tokens, ``[CLS]``/``[SEP]`` included; linked from the model by
+            the CLI.
         packing: Concatenate documents into full ``max_seq_length`` blocks (no padding waste). With
             ``false``, each line is its own example; a line longer than a block continues in the next one.
         segmenter: Word segmenter backend: ``rjieba`` (fast) or ``jieba``; same dictionary, same words.
@@ -103,6 +112,12 @@ class MLMDataModule(L.LightningDataModule):
         preprocessing_num_workers: Processes for tokenization (``datasets.map`` ``num_proc``).
         seed: Seed for the validation split, shuffling and masking.
         cache_dir: Where ``datasets`` caches loaded and preprocessed data (default: its own cache).
+        streaming: Stream the training corpus (larger than memory or disk cache): nothing is cached,
+            each rank reads a disjoint part, and ``trainer.max_steps`` sets the length. Validation and test
+            data stay in memory (``validation_files`` or held-out documents of the stream).
+        shuffle_buffer_size: Streaming only: documents in the shuffle buffer (file order is shuffled too).
+        streaming_validation_documents: Streaming without ``validation_files``: how many held-out
+            documents (a ``validation_split`` fraction, chosen by a hash of the text) form the validation set.
     """
 
     def __init__(
@@ -134,6 +149,9 @@ class MLMDataModule(L.LightningDataModule):
         preprocessing_num_workers: int | None = None,
         seed: int = 42,
         cache_dir: str | None = None,
+        streaming: bool = False,
+        shuffle_buffer_size: int = 10_000,
+        streaming_validation_documents: int = 2_000,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -143,13 +161,20 @@ class MLMDataModule(L.LightningDataModule):
         if not 0.0 <= validation_split < 1.0:
             raise MLMAdaptError(f"data.validation_split={validation_split} must be in [0, 1), e.g. 0.05")
         if max_seq_length < 8:
-            raise MLMAdaptError(f"data.max_seq_length={max_seq_length} is too short; use at least 8 (e.g. 512)")
+            raise MLMAdaptError(
+                f"data.max_seq_length={max_seq_length} is too short; use at least 8 (e.g. 512)"
+            )
         if not 0.0 <= mix_probability < 1.0:
             raise MLMAdaptError(f"data.mix_probability={mix_probability} must be in [0, 1), e.g. 0.2")
         if mix_probability > 0 and not mix_files:
             raise MLMAdaptError("data.mix_probability > 0 needs data.mix_files (general-domain text files)")
+        if mix_probability > 0 and streaming:
+            raise MLMAdaptError(
+                "data.mix_files: mixing is not available with data.streaming; mix the files beforehand"
+            )
         self.segmenter = Segmenter(segmenter, hmm=hmm, user_dict=user_dict)
         self.train_dataset: datasets.Dataset | None = None
+        self.train_stream: datasets.IterableDataset | None = None
         self.val_dataset: datasets.Dataset | None = None
         self.test_dataset: datasets.Dataset | None = None
         self.corpus_stats: dict[str, int] = {}
@@ -161,7 +186,9 @@ class MLMDataModule(L.LightningDataModule):
         try:
             tokenizer = AutoTokenizer.from_pretrained(name)
         except Exception as exc:
-            raise MLMAdaptError(f"model.model_name_or_path: cannot load a tokenizer from {name!r}: {exc}") from exc
+            raise MLMAdaptError(
+                f"model.model_name_or_path: cannot load a tokenizer from {name!r}: {exc}"
+            ) from exc
         if self.hparams.new_tokens_file:
             from mlm_adapt.vocab import extend_tokenizer, read_new_tokens
 
@@ -221,14 +248,14 @@ class MLMDataModule(L.LightningDataModule):
         hp = self.hparams
         splits: dict[str, datasets.Dataset] = {}
         if hp.dataset_name:
-            splits["train"] = load_hub(hp.dataset_name, hp.dataset_config, "train", hp.text_column, hp.cache_dir)
+            splits["train"] = load_hub(
+                hp.dataset_name, hp.dataset_config, "train", hp.text_column, hp.cache_dir
+            )
             if not hp.validation_files:
-                try:
+                with contextlib.suppress(MLMAdaptError):  # no validation split: hold one out below
                     splits["validation"] = load_hub(
                         hp.dataset_name, hp.dataset_config, "validation", hp.text_column, hp.cache_dir
                     )
-                except MLMAdaptError:
-                    pass  # no validation split: hold one out below
         else:
             files = expand_files(hp.train_files, "data.train_files")
             splits["train"] = load_files(files, "data.train_files", hp.text_column, hp.cache_dir)
@@ -237,14 +264,19 @@ class MLMDataModule(L.LightningDataModule):
                 files = expand_files(hp[key], f"data.{key}")
                 splits[split] = load_files(files, f"data.{key}", hp.text_column, hp.cache_dir)
         for split in list(splits):
-            splits[split] = splits[split].filter(_is_non_empty, batched=True, desc=f"Dropping empty lines ({split})")
+            splits[split] = splits[split].filter(
+                _is_non_empty, batched=True, desc=f"Dropping empty lines ({split})"
+            )
             if len(splits[split]) == 0:
                 key = "data.train_files" if split == "train" else f"data.{split}_files"
-                raise MLMAdaptError(f"{key}: no text left after dropping empty lines; check the files' content")
+                raise MLMAdaptError(
+                    f"{key}: no text left after dropping empty lines; check the files' content"
+                )
         if "validation" not in splits:
             if hp.validation_split <= 0 or len(splits["train"]) < 2:
                 raise MLMAdaptError(
-                    "data.validation_split: need validation data; set data.validation_files or a split in (0, 1)"
+                    "data.validation_split: need validation data; "
+                    "set data.validation_files or a split in (0, 1)"
                 )
             held_out = splits["train"].train_test_split(test_size=hp.validation_split, seed=hp.seed)
             splits["train"], splits["validation"] = held_out["train"], held_out["test"]
@@ -272,7 +304,7 @@ class MLMDataModule(L.LightningDataModule):
             },
             batched=True,
             num_proc=hp.preprocessing_num_workers,
-            remove_columns=tokenized["train"].column_names,
+            remove_columns=next(iter(tokenized.values())).column_names,
             features=BLOCK_FEATURES,
             desc="Packing blocks" if hp.packing else "Splitting long lines",
         )
@@ -280,11 +312,16 @@ class MLMDataModule(L.LightningDataModule):
     @override
     def prepare_data(self) -> None:
         # Runs once per node before setup: fills datasets' fingerprint cache, which setup() then reads.
-        self._preprocess(self._load_raw())
+        self.segmenter("预热")  # builds jieba's dictionary cache once per node; ranks and workers load it
+        if not self.hparams.streaming:
+            self._preprocess(self._load_raw())
 
     @override
     def setup(self, stage: str | None = None) -> None:
-        if self.train_dataset is not None:
+        if self.train_dataset is not None or self.train_stream is not None:
+            return
+        if self.hparams.streaming:
+            stream_lib.setup(self)
             return
         raw = self._load_raw()
         blocks = self._preprocess(raw)
@@ -308,9 +345,14 @@ class MLMDataModule(L.LightningDataModule):
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    def _loader(self, dataset: Dataset, batch_size: int, sampler=None, collator=None) -> DataLoader:
+    def _loader(
+        self, dataset: Dataset, batch_size: int, sampler=None, stateful: bool = False, collator=None
+    ) -> DataLoader:
         workers = self.hparams.num_workers
-        return DataLoader(
+        # The train loader is stateful: Lightning stores its state_dict in checkpoints, so a resumed fit
+        # continues mid-epoch at the next unseen batch instead of replaying or skipping the epoch's start.
+        loader_class = StatefulDataLoader if stateful else DataLoader
+        return loader_class(
             dataset,
             batch_size=batch_size,
             sampler=sampler,
@@ -322,12 +364,22 @@ class MLMDataModule(L.LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
+        if self.hparams.streaming:
+            return stream_lib.train_dataloader(self)
         world_size, rank = self._world()
+        # drop_last: ranks get disjoint, equal shards (padding would repeat examples on some ranks); the
+        # < world_size examples left out differ every epoch because the shuffle does.
         sampler = EpochSampler(
-            self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=self.hparams.seed
+            self.train_dataset,
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=True,
+            seed=self.hparams.seed,
+            drop_last=True,
         )
         dataset = KeyedDataset(self.train_dataset)
-        return self._loader(dataset, self.hparams.batch_size, sampler, self.train_collator)
+        batch_size = self.hparams.batch_size
+        return self._loader(dataset, batch_size, sampler, stateful=True, collator=self.train_collator)
 
     def _eval_batch_size(self) -> int:
         return self.hparams.eval_batch_size or self.hparams.batch_size
@@ -339,4 +391,3 @@ class MLMDataModule(L.LightningDataModule):
     @override
     def test_dataloader(self) -> DataLoader:
         return self._loader(KeyedDataset(self.test_dataset), self._eval_batch_size())
-

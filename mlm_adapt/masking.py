@@ -118,7 +118,9 @@ def whole_word_mask(
 
     action = uniform(keys, n_words, 2)
     to_mask_word = chosen & (action < mask_replace_prob)
-    to_random_word = chosen & (action >= mask_replace_prob) & (action < mask_replace_prob + random_replace_prob)
+    to_random_word = (
+        chosen & (action >= mask_replace_prob) & (action < mask_replace_prob + random_replace_prob)
+    )
 
     selected = chosen.gather(1, word_index) & maskable
     labels = torch.where(selected, input_ids, -100)
@@ -134,7 +136,10 @@ def check_probabilities(mlm_probability: float, mask_replace_prob: float, random
     """Raises :class:`MLMAdaptError` naming the config key when a masking probability is out of range."""
     if not 0.0 < mlm_probability < 1.0:
         raise MLMAdaptError(f"data.mlm_probability={mlm_probability} must be in (0, 1), e.g. 0.15")
-    for key, value in (("mask_replace_prob", mask_replace_prob), ("random_replace_prob", random_replace_prob)):
+    for key, value in (
+        ("mask_replace_prob", mask_replace_prob),
+        ("random_replace_prob", random_replace_prob),
+    ):
         if not 0.0 <= value <= 1.0:
             raise MLMAdaptError(f"data.{key}={value} must be in [0, 1]")
     if mask_replace_prob + random_replace_prob > 1.0:

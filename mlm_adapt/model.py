@@ -52,7 +52,8 @@ def load_masked_lm(
     architectures = config.architectures or []
     if getattr(config, "is_decoder", False) or any(a.endswith(_CAUSAL_SUFFIXES) for a in architectures):
         raise MLMAdaptError(
-            f"{key}: {model_name_or_path!r} is a decoder/causal-LM checkpoint ({', '.join(architectures) or 'is_decoder=True'}); "
+            f"{key}: {model_name_or_path!r} is a decoder/causal-LM checkpoint "
+            f"({', '.join(architectures) or 'is_decoder=True'}); "
             "its loss shifts labels by one position. Use a masked-LM checkpoint (e.g. BertForMaskedLM)"
         )
     try:
@@ -140,11 +141,14 @@ class MaskedLMModule(L.LightningModule):
             rank_zero_warn(_EXCLUDE_WARNING)
         self.head_split = _split_head(self.model) if masked_only_head else None
         vocab_size = self.model.config.vocab_size
-        self.accuracy = nn.ModuleDict({s: MulticlassAccuracy(vocab_size, average="micro") for s in EVAL_STAGES})
+        self.accuracy = nn.ModuleDict(
+            {s: MulticlassAccuracy(vocab_size, average="micro") for s in EVAL_STAGES}
+        )
         self.word_accuracy = nn.ModuleDict({s: WordAccuracy() for s in EVAL_STAGES})
         self.perplexity = nn.ModuleDict({s: Perplexity() for s in EVAL_STAGES})
         # Validation metrics of the unadapted model (the step-0 domain baseline), kept in checkpoints.
         self.baseline_metrics: dict[str, float] = {}
+        self.last_validated_step = -1
 
     def masked_logits(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Vocabulary logits and labels of the masked positions only: ``(N, V)`` and ``(N,)``."""
@@ -166,11 +170,21 @@ class MaskedLMModule(L.LightningModule):
         """Full ``(B, L, V)`` vocabulary logits."""
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
-    def _shared_step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
+    def masked_lm_loss(
+        self, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Mean cross-entropy over masked positions, with their logits and labels.
+
+        Unshifted: the prediction at position i is scored against the token at position i. A batch without
+        masked tokens gives a zero loss (not NaN).
+        """
         logits, labels = self.masked_logits(batch)
+        loss = F.cross_entropy(logits.float(), labels, reduction="sum") / max(labels.numel(), 1)
+        return loss, logits, labels
+
+    def _shared_step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
+        loss, logits, labels = self.masked_lm_loss(batch)
         n_masked = labels.numel()
-        # Unshifted: the prediction at position i is scored against the token at position i.
-        loss = F.cross_entropy(logits.float(), labels, reduction="sum") / max(n_masked, 1)
         self.log(
             f"{stage}/loss", loss, prog_bar=True, batch_size=max(n_masked, 1), sync_dist=stage in EVAL_STAGES
         )
@@ -178,7 +192,9 @@ class MaskedLMModule(L.LightningModule):
             self.accuracy[stage](logits, labels)
             self.perplexity[stage](logits[None].float(), labels[None])
             self.log(f"{stage}/accuracy", self.accuracy[stage], batch_size=n_masked)
-            self.log(f"{stage}/perplexity", self.perplexity[stage], batch_size=n_masked, prog_bar=stage == "val")
+            self.log(
+                f"{stage}/perplexity", self.perplexity[stage], batch_size=n_masked, prog_bar=stage == "val"
+            )
             if "word_ids" in batch:
                 keys = word_keys(batch["word_ids"], batch["labels"] != -100)
                 self.word_accuracy[stage](logits.argmax(-1) == labels, keys)
@@ -192,6 +208,10 @@ class MaskedLMModule(L.LightningModule):
     @override
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self._shared_step(batch, "val")
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        self.last_validated_step = self.global_step
 
     @override
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:

@@ -1,4 +1,7 @@
-"""``python -m mlm_adapt preview``: what the model will see, from the same DataModule and collator as ``fit``."""
+"""``python -m mlm_adapt preview``: what the model will see.
+
+Built from the same DataModule and collator as ``fit``, so what it shows is what training gets.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +36,9 @@ def _join(tokens: list[str]) -> str:
     for token in tokens:
         if token.startswith("##"):
             text += token[2:]
-        elif text and text[-1].isascii() and text[-1].isalnum() and token[:1].isascii() and token[:1].isalnum():
+        elif (
+            text and text[-1].isascii() and text[-1].isalnum() and token[:1].isascii() and token[:1].isalnum()
+        ):
             text += " " + token
         else:
             text += token
@@ -62,7 +67,8 @@ def render_text(example: dict, tokenizer: PreTrainedTokenizerBase) -> str:
         else:
             parts.append(shown)
     length = sum(example["attention_mask"])
-    header = f"# {length} tokens, {n_masked} masked ({n_masked / max(length - 2, 1):.1%}) in {n_masked_words} words"
+    rate = n_masked / max(length - 2, 1)
+    header = f"# {length} tokens, {n_masked} masked ({rate:.1%}) in {n_masked_words} words"
     return header + "\n" + " ".join(parts)
 
 
@@ -74,7 +80,10 @@ class PreviewCLI(MLMAdaptCLI):
         super().add_arguments_to_parser(parser)
         parser.add_argument("--num_examples", type=int, default=4, help="How many training examples to show.")
         parser.add_argument(
-            "--format", type=Literal["text", "json"], default="text", help="text: annotated; json: one per line."
+            "--format",
+            type=Literal["text", "json"],
+            default="text",
+            help="text: annotated; json: one per line.",
         )
 
     @override

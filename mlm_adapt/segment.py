@@ -10,12 +10,26 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from pathlib import Path
 from typing import Literal
 
 from mlm_adapt.errors import MLMAdaptError
 
 SegmenterBackend = Literal["rjieba", "jieba"]
+
+
+def jieba_cache_dir() -> Path:
+    """jieba's prefix-dictionary cache dir: ``$MLM_ADAPT_JIEBA_CACHE`` or ``~/.cache/mlm_adapt/jieba``.
+
+    jieba's default is ``jieba.cache`` in the system temp directory, shared by every user of a node: a file
+    left there by another user cannot be replaced (every process then rebuilds the dictionary) and would be
+    unmarshalled without question. A private directory, written once per node by ``prepare_data`` (jieba
+    writes it atomically), lets every rank and worker just load it.
+    """
+    path = Path(os.environ.get("MLM_ADAPT_JIEBA_CACHE") or Path.home() / ".cache" / "mlm_adapt" / "jieba")
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
 
 
 def read_user_dict(path: str | Path) -> list[tuple[str, int | None, str | None]]:
@@ -72,7 +86,7 @@ class Segmenter:
         self.hmm = hmm
         self.user_dict = user_dict
         self._entries = read_user_dict(user_dict) if user_dict else []
-        # Part of the pickled state, so datasets' cache fingerprint changes when the dictionary's content does.
+        # Pickled with the segmenter: datasets' cache fingerprint changes when the dictionary content does.
         self.user_dict_sha1 = hashlib.sha1(repr(self._entries).encode()).hexdigest() if user_dict else None
         self._impl = None
 
@@ -94,6 +108,7 @@ class Segmenter:
 
         jieba.setLogLevel(logging.WARNING)
         impl = jieba.Tokenizer()
+        impl.tmp_dir = str(jieba_cache_dir())
         impl.initialize()
         for word, freq, tag in self._entries:
             impl.add_word(word, freq, tag)

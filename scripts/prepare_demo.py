@@ -17,7 +17,9 @@ from mlm_adapt.tiny import build_tiny_bert
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output_dir", default=".cache/demo", help="Where to put the model and corpus links.")
+    parser.add_argument(
+        "--output_dir", default=".cache/demo", help="Where to put the model and corpus links."
+    )
     args = parser.parse_args()
     out = Path(args.output_dir)
     corpus_dir = out / "reviews"
@@ -31,8 +33,15 @@ def main() -> None:
     model_dir = out / "tiny-chinese-bert"
     if not (model_dir / "config.json").exists():
         texts = (line for source in sources for line in source.read_text(encoding="utf-8").splitlines())
-        build_tiny_bert(model_dir, texts, max_chars=4000, hidden_size=128, num_attention_heads=4,
-                        intermediate_size=256, max_position_embeddings=512)
+        build_tiny_bert(
+            model_dir,
+            texts,
+            max_chars=4000,
+            hidden_size=128,
+            num_attention_heads=4,
+            intermediate_size=256,
+            max_position_embeddings=512,
+        )
     print(f"demo model: {model_dir}\ndemo corpus: {corpus_dir}/*.txt")
 
 

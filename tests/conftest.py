@@ -35,8 +35,14 @@ def review_texts() -> list[str]:
 def tiny_model_dir(tmp_path_factory, review_texts) -> Path:
     """A tiny randomly initialized BertForMaskedLM + fast tokenizer, saved with ``save_pretrained``."""
     return build_tiny_bert(
-        tmp_path_factory.mktemp("tiny") / "tiny-bert", review_texts, max_chars=1500, hidden_size=32,
-        num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
+        tmp_path_factory.mktemp("tiny") / "tiny-bert",
+        review_texts,
+        max_chars=1500,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
     )
 
 
@@ -60,7 +66,11 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
     """Runs ``python -m mlm_adapt ARGS`` in a subprocess, the way users do."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run(
-        [sys.executable, "-m", "mlm_adapt", *args], cwd=cwd, env=env, capture_output=True, text=True,
+        [sys.executable, "-m", "mlm_adapt", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=timeout,
     )
 
@@ -84,3 +94,30 @@ def tiny_fit_args(model_dir: Path, train_file: Path, root: Path, *extra: str) ->
         f"--trainer.default_root_dir={root}",
         *extra,
     ]
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, tiny_model_dir, review_texts) -> Path:
+    """A 6-step tiny fit through the CLI (validation every 3 steps, ModelCheckpoint on val/loss + last),
+    exported by the HFExport callback to ``<root>/export``. Returns the run's root directory."""
+    root = tmp_path_factory.mktemp("trained")
+    corpus = root / "reviews.txt"
+    corpus.write_text("\n".join(review_texts) + "\n", encoding="utf-8")
+    checkpoint = (
+        '{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": '
+        '{"monitor": "val/loss", "save_last": true, "dirpath": "%s"}}' % (root / "checkpoints")
+    )
+    result = run_cli(
+        "fit",
+        *tiny_fit_args(
+            tiny_model_dir,
+            corpus,
+            root,
+            "--trainer.val_check_interval=3",
+            f"--trainer.callbacks+={checkpoint}",
+            f"--export.output_dir={root / 'export'}",
+        ),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (root / "fit_stderr.txt").write_text(result.stderr, encoding="utf-8")
+    return root

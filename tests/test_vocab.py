@@ -72,3 +72,22 @@ def test_new_tokens_file_reaches_model_and_data_through_the_cli(tiny_model_dir, 
     assert len(tokenizer) == cli.model.model.config.vocab_size
     ids = tokenizer("好评如潮龘", add_special_tokens=False)["input_ids"]
     assert ids == [len(tokenizer) - 1, len(tokenizer) - 2]
+
+
+def test_new_tokens_survive_fit_and_both_exports(tiny_model_dir, corpus_file, tmp_path):
+    from conftest import tiny_fit_args
+
+    from mlm_adapt.cli import main
+
+    tokens = tmp_path / "new_tokens.txt"
+    tokens.write_text("好评如潮\n龘\n", encoding="utf-8")
+    root = tmp_path / "run"
+    main(["fit", *tiny_fit_args(tiny_model_dir, corpus_file, root, f"--model.new_tokens_file={tokens}")])
+    (ckpt,) = root.rglob("*.ckpt")
+    main(["export", f"--ckpt_path={ckpt}", f"--output_dir={tmp_path / 'from_ckpt'}"])
+    (fit_export,) = {p.parent for p in root.rglob("model.safetensors")}
+    for directory in (fit_export, tmp_path / "from_ckpt"):
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        model = AutoModelForMaskedLM.from_pretrained(directory)
+        assert len(tokenizer) == model.config.vocab_size == model.get_input_embeddings().weight.shape[0]
+        assert tokenizer("好评如潮", add_special_tokens=False)["input_ids"] == [len(tokenizer) - 2]

@@ -1,0 +1,89 @@
+"""Test-only callback: records which examples every rank trains on, and can SIGKILL its own process.
+
+Passed to the CLI as ``--trainer.callbacks+=tests.recorder.BatchRecorder`` (run_cli puts the repo on
+PYTHONPATH). Example identity is recovered from the batch itself -- the unmasked tokens are ``labels``
+where a position was selected, ``input_ids`` elsewhere -- and looked up in the datamodule's train blocks,
+so what is checked is what the model actually received, not what the sampler was expected to yield.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+
+def original_rows(batch: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
+    """The unmasked token ids of every example in a collated batch, padding removed."""
+    original = torch.where(batch["labels"] != -100, batch["labels"], batch["input_ids"])
+    lengths = batch["attention_mask"].sum(dim=1).tolist()
+    return [tuple(row[:n].tolist()) for row, n in zip(original, lengths, strict=True)]
+
+
+def batch_digest(batch: dict[str, torch.Tensor]) -> str:
+    """A digest of the masked inputs and labels (same examples *and* same masks give the same digest)."""
+    h = hashlib.sha1()
+    for key in ("input_ids", "labels", "attention_mask"):
+        h.update(batch[key].cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+class BatchRecorder(L.Callback):
+    """Appends one JSON line per training batch to ``out_dir/rank{R}.jsonl``.
+
+    Args:
+        out_dir: Where to write.
+        kill_at_step: Send ``kill_signal`` to this process at the first batch start with
+            ``global_step == kill_at_step`` (after the checkpoints of that step were written, before the batch
+            is recorded).
+        kill_signal: ``SIGKILL`` (a crash) or e.g. ``SIGUSR1`` (SLURM's pre-timeout warning).
+    """
+
+    def __init__(self, out_dir: str, kill_at_step: int | None = None, kill_signal: str = "SIGKILL"):
+        self.out_dir = Path(out_dir)
+        self.kill_at_step = kill_at_step
+        self.kill_signal = kill_signal
+        self.index: dict[tuple[int, ...], int] | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        dataset = getattr(trainer.datamodule, "train_dataset", None)
+        if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):  # map-style: index by content
+            rows = [tuple(ids) for ids in dataset["input_ids"]]
+            self.index = {row: i for i, row in enumerate(rows)}
+            assert len(self.index) == len(rows), "train blocks are not unique; cannot identify examples"
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.kill_at_step is not None and trainer.global_step == self.kill_at_step:
+            os.kill(os.getpid(), getattr(signal, self.kill_signal))
+        rows = original_rows(batch)
+        record = {
+            "rank": trainer.global_rank,
+            "world_size": trainer.world_size,
+            "step": trainer.global_step,
+            "epoch": trainer.current_epoch,
+            "batch_idx": batch_idx,
+            "digest": batch_digest(batch),
+            "rows": [hashlib.sha1(repr(r).encode()).hexdigest()[:16] for r in rows],
+            "lengths": [len(r) for r in rows],
+        }
+        if self.index is not None:
+            record["ids"] = [self.index[r] for r in rows]
+        with open(self.out_dir / f"rank{trainer.global_rank}.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def read_records(out_dir: Path, rank: int = 0) -> list[dict]:
+    """The recorded batches of one rank, in order."""
+    path = Path(out_dir) / f"rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
