@@ -6,7 +6,9 @@ its properties (expected rate exactly ``mlm_probability``, reproducible counter-
 
 - ``whole_word``: a unit is a jieba word (the word ids as they are);
 - ``ngram``: a unit is a span of 1-4 consecutive words, lengths drawn at 40/30/20/10% (MacBERT-style
-  n-gram masking). Each example's words are partitioned into such spans, so a span is a union of whole words;
+  n-gram masking). Each example's words are partitioned into such spans, so a span is a union of whole words.
+  MacBERT samples a span around each chosen word instead; a partition keeps the exact-rate sampler as is. In
+  a packed block a span may join the last words of one document and the first of the next;
 - ``token``: a unit is a single token (character-level masking, the ablation of whole-word masking).
 """
 
