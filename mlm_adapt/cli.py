@@ -14,7 +14,7 @@ from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.scale import default_callbacks
 
-EVAL_METRICS = ("val/loss", "val/accuracy", "val/perplexity")
+EVAL_METRICS = ("val/loss", "val/accuracy", "val/word_accuracy", "val/perplexity")
 
 
 class MLMAdaptCLI(LightningCLI):
@@ -33,6 +33,7 @@ class MLMAdaptCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("model.model_name_or_path", "data.tokenizer_name_or_path")
         parser.link_arguments("model.max_seq_length", "data.max_seq_length")
+        parser.link_arguments("model.new_tokens_file", "data.new_tokens_file")
         # Always present (``export:`` in YAML, ``--export.*`` flags); ``export.enabled: false`` turns it off.
         parser.add_lightning_class_args(HFExport, "export")
 
@@ -77,7 +78,9 @@ def main(args: list[str] | None = None) -> None:
     """Entry point of ``python -m mlm_adapt`` and the ``mlm-adapt`` script."""
     args = list(sys.argv[1:] if args is None else args)
     commands: dict[str, Callable[[list[str]], object]] = {}
+    from mlm_adapt.plot import plot_main
     from mlm_adapt.preview import preview_main
+    from mlm_adapt.vocab import vocab_main
 
     commands["preview"] = preview_main
     from mlm_adapt.export import export_main
@@ -85,6 +88,8 @@ def main(args: list[str] | None = None) -> None:
 
     commands["export"] = export_main
     commands["fill-mask"] = fill_mask_main
+    commands["vocab"] = vocab_main
+    commands["plot"] = plot_main
     if args and args[0] in commands:
         _run(commands[args[0]], args[1:])
     else:

@@ -9,7 +9,7 @@ from typing import Any
 import datasets
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -21,6 +21,7 @@ from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import WholeWordMaskCollator, check_probabilities
 from mlm_adapt.segment import Segmenter, SegmenterBackend
 from mlm_adapt.text import build_blocks, tokenize_with_word_ids
+from mlm_adapt.units import MaskingScheme
 
 BLOCK_FEATURES = datasets.Features(
     {"input_ids": datasets.List(datasets.Value("int32")), "word_ids": datasets.List(datasets.Value("int32"))}
@@ -97,6 +98,13 @@ class MLMDataModule(L.LightningDataModule):
         mlm_probability: Expected fraction of maskable tokens to predict.
         mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
         random_replace_prob: Fraction of selected words replaced by random tokens (the rest stay unchanged).
+        masking: Training masking unit: ``whole_word`` (jieba words), ``ngram`` (MacBERT-style spans of 1-4
+            words at 40/30/20/10%) or ``token`` (every token alone: character masking, an ablation).
+            Validation and test always use whole-word masks, so metrics compare across schemes.
+        mix_files: General-domain text files mixed into the training documents to limit forgetting.
+        mix_probability: Fraction of training documents drawn from ``mix_files`` (0: no mixing). All
+            domain documents are kept; ``datasets.interleave_datasets`` adds general ones at this rate.
+        new_tokens_file: Tokens added to the tokenizer (one per line); linked from ``model.new_tokens_file``.
         pad_to_multiple_of: Pad batches to a multiple of this length.
         batch_size: Training examples per batch and device.
         eval_batch_size: Validation/test batch size (default: ``batch_size``).
@@ -130,6 +138,10 @@ class MLMDataModule(L.LightningDataModule):
         mlm_probability: float = 0.15,
         mask_replace_prob: float = 0.8,
         random_replace_prob: float = 0.1,
+        masking: MaskingScheme = "whole_word",
+        mix_files: list[str] | None = None,
+        mix_probability: float = 0.0,
+        new_tokens_file: str | None = None,
         pad_to_multiple_of: int = 8,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
@@ -152,6 +164,14 @@ class MLMDataModule(L.LightningDataModule):
             raise MLMAdaptError(
                 f"data.max_seq_length={max_seq_length} is too short; use at least 8 (e.g. 512)"
             )
+        if not 0.0 <= mix_probability < 1.0:
+            raise MLMAdaptError(f"data.mix_probability={mix_probability} must be in [0, 1), e.g. 0.2")
+        if mix_probability > 0 and not mix_files:
+            raise MLMAdaptError("data.mix_probability > 0 needs data.mix_files (general-domain text files)")
+        if mix_probability > 0 and streaming:
+            raise MLMAdaptError(
+                "data.mix_files: mixing is not available with data.streaming; mix the files beforehand"
+            )
         self.segmenter = Segmenter(segmenter, hmm=hmm, user_dict=user_dict)
         self.train_dataset: datasets.Dataset | None = None
         self.train_stream: datasets.IterableDataset | None = None
@@ -169,6 +189,10 @@ class MLMDataModule(L.LightningDataModule):
             raise MLMAdaptError(
                 f"model.model_name_or_path: cannot load a tokenizer from {name!r}: {exc}"
             ) from exc
+        if self.hparams.new_tokens_file:
+            from mlm_adapt.vocab import extend_tokenizer, read_new_tokens
+
+            extend_tokenizer(tokenizer, read_new_tokens(self.hparams.new_tokens_file))
         if tokenizer.mask_token_id is None:
             raise MLMAdaptError(
                 f"model.model_name_or_path: tokenizer of {name!r} has no mask token; "
@@ -178,7 +202,16 @@ class MLMDataModule(L.LightningDataModule):
 
     @cached_property
     def collator(self) -> WholeWordMaskCollator:
-        """The whole-word-masking collator shared by all dataloaders."""
+        """The whole-word-masking collator of validation and test (fixed masks, whatever ``masking`` is)."""
+        return self._make_collator("whole_word")
+
+    @cached_property
+    def train_collator(self) -> WholeWordMaskCollator:
+        """The training collator, masking ``data.masking`` units."""
+        masking = self.hparams.masking
+        return self.collator if masking == "whole_word" else self._make_collator(masking)
+
+    def _make_collator(self, masking: MaskingScheme) -> WholeWordMaskCollator:
         hp = self.hparams
         return WholeWordMaskCollator(
             self.tokenizer,
@@ -187,6 +220,28 @@ class MLMDataModule(L.LightningDataModule):
             random_replace_prob=hp.random_replace_prob,
             pad_to_multiple_of=hp.pad_to_multiple_of,
             seed=hp.seed,
+            masking=masking,
+        )
+
+    def _mix_general(self, train: datasets.Dataset) -> datasets.Dataset:
+        """Interleaves general documents into ``train`` at ``mix_probability``, keeping every domain one."""
+        hp = self.hparams
+        files = expand_files(hp.mix_files, "data.mix_files")
+        mix = load_files(files, "data.mix_files", hp.text_column, hp.cache_dir)
+        mix = mix.filter(_is_non_empty, batched=True, desc="Dropping empty lines (mix)")
+        wanted = round(len(train) * hp.mix_probability / (1 - hp.mix_probability))
+        if len(mix) < wanted:
+            rank_zero_warn(
+                f"data.mix_files: {len(mix)} documents, fewer than the {wanted} that data.mix_probability="
+                f"{hp.mix_probability} asks for; all of them are mixed in"
+            )
+        mix = mix.shuffle(seed=hp.seed).select(range(min(wanted, len(mix))))
+        # Without replacement: every document of both sources appears exactly once, in a seeded interleaving.
+        return datasets.interleave_datasets(
+            [train, mix],
+            probabilities=[1 - hp.mix_probability, hp.mix_probability],
+            seed=hp.seed,
+            stopping_strategy="all_exhausted_without_replacement",
         )
 
     def _load_raw(self) -> datasets.DatasetDict:
@@ -225,6 +280,8 @@ class MLMDataModule(L.LightningDataModule):
                 )
             held_out = splits["train"].train_test_split(test_size=hp.validation_split, seed=hp.seed)
             splits["train"], splits["validation"] = held_out["train"], held_out["test"]
+        if hp.mix_probability > 0:
+            splits["train"] = self._mix_general(splits["train"])
         return datasets.DatasetDict(splits)
 
     def _preprocess(self, raw: datasets.DatasetDict) -> datasets.DatasetDict:
@@ -288,7 +345,9 @@ class MLMDataModule(L.LightningDataModule):
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    def _loader(self, dataset: Dataset, batch_size: int, sampler=None, stateful: bool = False) -> DataLoader:
+    def _loader(
+        self, dataset: Dataset, batch_size: int, sampler=None, stateful: bool = False, collator=None
+    ) -> DataLoader:
         workers = self.hparams.num_workers
         # The train loader is stateful: Lightning stores its state_dict in checkpoints, so a resumed fit
         # continues mid-epoch at the next unseen batch instead of replaying or skipping the epoch's start.
@@ -297,7 +356,7 @@ class MLMDataModule(L.LightningDataModule):
             dataset,
             batch_size=batch_size,
             sampler=sampler,
-            collate_fn=self.collator,
+            collate_fn=collator or self.collator,
             num_workers=workers,
             persistent_workers=workers > 0,
             pin_memory=torch.cuda.is_available(),
@@ -318,7 +377,9 @@ class MLMDataModule(L.LightningDataModule):
             seed=self.hparams.seed,
             drop_last=True,
         )
-        return self._loader(KeyedDataset(self.train_dataset), self.hparams.batch_size, sampler, stateful=True)
+        dataset = KeyedDataset(self.train_dataset)
+        batch_size = self.hparams.batch_size
+        return self._loader(dataset, batch_size, sampler, stateful=True, collator=self.train_collator)
 
     def _eval_batch_size(self) -> int:
         return self.hparams.eval_batch_size or self.hparams.batch_size

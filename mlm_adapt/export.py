@@ -363,6 +363,11 @@ def export(
         raise MLMAdaptError(
             f"--base_model: cannot load the tokenizer from {tokenizer_name!r}: {exc}"
         ) from exc
+    if data_hparams.get("new_tokens_file"):
+        from mlm_adapt.vocab import extend_tokenizer, read_new_tokens
+
+        # The module was rebuilt with these tokens (model.new_tokens_file); the tokenizer needs them too.
+        extend_tokenizer(tokenizer, read_new_tokens(data_hparams["new_tokens_file"]))
     state = callback_state(checkpoint, HFExport.__qualname__)
     history = {int(k): v for k, v in (state.get("val_history") or {}).items()}
     final, final_step = val_metrics_at(history, checkpoint.get("global_step"))

@@ -159,6 +159,9 @@ class WholeWordMaskCollator:
         random_replace_prob: Fraction of selected words replaced by random ordinary tokens.
         pad_to_multiple_of: Pad the batch length up to a multiple of this (tensor-core friendly); 1 for none.
         seed: Seed of the masking hash.
+        masking: Masking unit: ``whole_word`` (jieba words), ``ngram`` (spans of 1-4 words) or ``token``
+            (single tokens, the character-masking ablation); see :mod:`mlm_adapt.units`. The batch's
+            ``word_ids`` stay the jieba word ids whatever the unit.
     """
 
     def __init__(
@@ -169,6 +172,7 @@ class WholeWordMaskCollator:
         random_replace_prob: float = 0.1,
         pad_to_multiple_of: int = 8,
         seed: int = 0,
+        masking: str = "whole_word",
     ):
         if tokenizer.mask_token_id is None:
             raise MLMAdaptError(
@@ -185,6 +189,7 @@ class WholeWordMaskCollator:
         self.random_replace_prob = random_replace_prob
         self.pad_to_multiple_of = max(1, pad_to_multiple_of)
         self.seed = seed
+        self.masking = masking
         self._unkeyed_calls = 0
 
     def pad(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -214,11 +219,15 @@ class WholeWordMaskCollator:
 
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Collates examples with ``input_ids`` and ``word_ids`` (optionally ``example_id``, ``epoch``)."""
+        # Imported here: mlm_adapt.units builds on this module's hash functions.
+        from mlm_adapt.units import masking_units
+
         batch = self.pad(features)
+        keys = self.keys(features)
         batch["input_ids"], batch["labels"] = whole_word_mask(
             batch["input_ids"],
-            batch["word_ids"],
-            self.keys(features),
+            masking_units(batch["word_ids"], keys, self.masking),
+            keys,
             mask_token_id=self.mask_token_id,
             random_token_ids=self.random_token_ids,
             special_token_ids=self.special_token_ids,

@@ -8,6 +8,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
@@ -15,12 +16,17 @@ from transformers import AutoConfig, AutoModelForMaskedLM, PreTrainedModel, get_
 from typing_extensions import override
 
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.metrics import WordAccuracy, word_keys
 
 # Attribute names of the vocabulary-projection head in Hugging Face masked-LM classes (BERT, RoBERTa/XLM-R,
 # ALBERT, DeBERTa-v2). The head maps hidden states of any leading shape, so it can run on masked rows only.
 _HEAD_NAMES = ("cls", "lm_head", "predictions", "lm_predictions")
 _CAUSAL_SUFFIXES = ("LMHeadModel", "ForCausalLM")
 EVAL_STAGES = ("val", "test")
+_EXCLUDE_WARNING = (
+    "model.mask_attention='exclude' is an ABLATION: [MASK] tokens are hidden from attention as keys, unlike "
+    "BERT pretraining and inference. Use it only to reproduce the experiment; leave it at 'attend' otherwise."
+)
 
 
 def default_optimizer(params: Any) -> torch.optim.Optimizer:
@@ -88,6 +94,11 @@ class MaskedLMModule(L.LightningModule):
         attn_implementation: Attention kernel: ``sdpa`` (default), ``eager``, or ``null`` for the library's.
         masked_only_head: Run the vocabulary projection on masked positions only (~15% of tokens).
             Identical loss and accuracy, less compute and memory.
+        mask_attention: ``attend`` (default, standard BERT): ``[MASK]`` tokens are attended like any token.
+            ``exclude`` is an experiment switch only: no token attends to a ``[MASK]`` position (it warns).
+        new_tokens_file: Tokens to add to the vocabulary (one per line, e.g. from ``mlm_adapt vocab
+            --output_tokens``); each new embedding starts as the mean of its old pieces' embeddings.
+            Linked to ``data.new_tokens_file`` by the CLI.
     """
 
     def __init__(
@@ -100,6 +111,8 @@ class MaskedLMModule(L.LightningModule):
         pretrained: bool = True,
         attn_implementation: str | None = "sdpa",
         masked_only_head: bool = True,
+        mask_attention: Literal["attend", "exclude"] = "attend",
+        new_tokens_file: str | None = None,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer"])
@@ -114,11 +127,24 @@ class MaskedLMModule(L.LightningModule):
                 f"model.max_seq_length={max_seq_length} exceeds the position limit {limit} of "
                 f"{model_name_or_path!r}; set it to {limit} or less"
             )
+        self.mask_token_id: int | None = None
+        if mask_attention == "exclude" or new_tokens_file:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+            self.mask_token_id = tokenizer.mask_token_id
+            if new_tokens_file:
+                from mlm_adapt.vocab import extend_embeddings, read_new_tokens
+
+                extend_embeddings(self.model, tokenizer, read_new_tokens(new_tokens_file))
+        if mask_attention == "exclude":
+            rank_zero_warn(_EXCLUDE_WARNING)
         self.head_split = _split_head(self.model) if masked_only_head else None
         vocab_size = self.model.config.vocab_size
         self.accuracy = nn.ModuleDict(
             {s: MulticlassAccuracy(vocab_size, average="micro") for s in EVAL_STAGES}
         )
+        self.word_accuracy = nn.ModuleDict({s: WordAccuracy() for s in EVAL_STAGES})
         self.perplexity = nn.ModuleDict({s: Perplexity() for s in EVAL_STAGES})
         # Validation metrics of the unadapted model (the step-0 domain baseline), kept in checkpoints.
         self.baseline_metrics: dict[str, float] = {}
@@ -128,7 +154,10 @@ class MaskedLMModule(L.LightningModule):
         """Vocabulary logits and labels of the masked positions only: ``(N, V)`` and ``(N,)``."""
         labels = batch["labels"]
         selected = labels != -100
-        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        attention_mask = batch["attention_mask"]
+        if self.hparams.mask_attention == "exclude":
+            attention_mask = attention_mask * (batch["input_ids"] != self.mask_token_id)
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": attention_mask}
         if self.head_split is None:
             logits = self.model(**inputs).logits
             return logits[selected], labels[selected]
@@ -166,6 +195,10 @@ class MaskedLMModule(L.LightningModule):
             self.log(
                 f"{stage}/perplexity", self.perplexity[stage], batch_size=n_masked, prog_bar=stage == "val"
             )
+            if "word_ids" in batch:
+                keys = word_keys(batch["word_ids"], batch["labels"] != -100)
+                self.word_accuracy[stage](logits.argmax(-1) == labels, keys)
+                self.log(f"{stage}/word_accuracy", self.word_accuracy[stage], batch_size=n_masked)
         return loss
 
     @override
@@ -199,6 +232,11 @@ class MaskedLMModule(L.LightningModule):
             name, optimizer, num_warmup_steps=min(warmup_steps, total_steps), num_training_steps=total_steps
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    @override
+    def on_fit_start(self) -> None:
+        if self.hparams.mask_attention == "exclude":
+            rank_zero_warn(_EXCLUDE_WARNING)  # again, so it is in this run's log next to the training
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -224,4 +224,4 @@ def train_dataloader(dm: MLMDataModule) -> DataLoader:
     world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
     shard = shard_for_rank(dm.train_stream, rank, world_size, hp.seed, hp.shuffle_buffer_size)
     blocks = to_blocks(shard, dm.tokenizer, dm.segmenter, hp.max_seq_length, hp.packing, BLOCK_FEATURES)
-    return dm._loader(StreamingBlocks(blocks), hp.batch_size, stateful=True)
+    return dm._loader(StreamingBlocks(blocks), hp.batch_size, stateful=True, collator=dm.train_collator)
