@@ -1,4 +1,4 @@
-"""``python -m mlm_adapt``: LightningCLI for fit/validate/test, plus the ``preview`` command."""
+"""``python -m mlm_adapt``: LightningCLI (fit/validate/test) plus preview, export, fill-mask, vocab, plot."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ from typing_extensions import override
 from mlm_adapt.callbacks import HFExport
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.model import MaskedLMModule
+from mlm_adapt.export import metrics_table
+from mlm_adapt.model import EVAL_METRICS, MaskedLMModule
 from mlm_adapt.scale import default_callbacks
-
-EVAL_METRICS = ("val/loss", "val/accuracy", "val/word_accuracy", "val/perplexity")
 
 
 class MLMAdaptCLI(LightningCLI):
@@ -22,6 +21,15 @@ class MLMAdaptCLI(LightningCLI):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault(
+            "parser_kwargs",
+            {
+                "prog": "python -m mlm_adapt",
+                "description": "Domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family "
+                "models. Trainer commands below; also: preview, export, fill-mask, vocab, plot "
+                "(python -m mlm_adapt COMMAND --help).",
+            },
+        )
         kwargs.setdefault("seed_everything_default", 42)
         # The optimizer comes from model.optimizer, so the no-decay groups and schedule always apply.
         kwargs.setdefault("auto_configure_optimizers", False)
@@ -51,19 +59,8 @@ class MLMAdaptCLI(LightningCLI):
         if self.model.last_validated_step != self.trainer.global_step:
             self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
         after = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k in EVAL_METRICS}
-        table = before_after_table(self.model.baseline_metrics, after)
-        if table and self.trainer.is_global_zero:
-            print(table)
-
-
-def before_after_table(before: dict[str, float], after: dict[str, float]) -> str:
-    """A small text table of the validation metrics before and after adaptation ('' if either is empty)."""
-    keys = [k for k in EVAL_METRICS if k in before and k in after]
-    if not keys:
-        return ""
-    lines = [f"{'metric':<16}{'before':>12}{'after':>12}"]
-    lines += [f"{k:<16}{before[k]:>12.4f}{after[k]:>12.4f}" for k in keys]
-    return "\n".join(lines)
+        if self.model.baseline_metrics and after and self.trainer.is_global_zero:
+            print(metrics_table(self.model.baseline_metrics, after))
 
 
 def _run(entry: Callable[[list[str]], object], args: list[str]) -> None:
@@ -77,19 +74,20 @@ def _run(entry: Callable[[list[str]], object], args: list[str]) -> None:
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``python -m mlm_adapt`` and the ``mlm-adapt`` script."""
     args = list(sys.argv[1:] if args is None else args)
-    commands: dict[str, Callable[[list[str]], object]] = {}
+    # Imported here: preview/vocab import this module (for the CLI parser) and would import it circularly.
+    from mlm_adapt.export import export_main
+    from mlm_adapt.fill_mask import fill_mask_main
     from mlm_adapt.plot import plot_main
     from mlm_adapt.preview import preview_main
     from mlm_adapt.vocab import vocab_main
 
-    commands["preview"] = preview_main
-    from mlm_adapt.export import export_main
-    from mlm_adapt.fill_mask import fill_mask_main
-
-    commands["export"] = export_main
-    commands["fill-mask"] = fill_mask_main
-    commands["vocab"] = vocab_main
-    commands["plot"] = plot_main
+    commands: dict[str, Callable[[list[str]], object]] = {
+        "preview": preview_main,
+        "export": export_main,
+        "fill-mask": fill_mask_main,
+        "vocab": vocab_main,
+        "plot": plot_main,
+    }
     if args and args[0] in commands:
         _run(commands[args[0]], args[1:])
     else:

@@ -22,9 +22,9 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, P
 from mlm_adapt.checkpoints import callback_state, load_checkpoint, module_from_checkpoint
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.hub import check_hub_access, push_folder
+from mlm_adapt.model import EVAL_METRICS
 
 CONFIG_FILENAME = "training_config.yaml"
-EVAL_METRICS = ("val/loss", "val/accuracy", "val/perplexity")
 DEFAULT_TAGS = ("bert", "fill-mask", "chinese", "whole-word-masking", "domain-adaptation", "mlm_adapt")
 PROBE_TEXTS = ("北京{mask}{mask}你！", "这本书的内容很好，值得一读。", "房间太小，{mask}务也很一般。")
 

@@ -23,6 +23,8 @@ from mlm_adapt.metrics import WordAccuracy, word_keys
 _HEAD_NAMES = ("cls", "lm_head", "predictions", "lm_predictions")
 _CAUSAL_SUFFIXES = ("LMHeadModel", "ForCausalLM")
 EVAL_STAGES = ("val", "test")
+# Validation metrics reported before/after adaptation (console, model card, export).
+EVAL_METRICS = ("val/loss", "val/accuracy", "val/word_accuracy", "val/perplexity")
 _EXCLUDE_WARNING = (
     "model.mask_attention='exclude' is an ABLATION: [MASK] tokens are hidden from attention as keys, unlike "
     "BERT pretraining and inference. Use it only to reproduce the experiment; leave it at 'attend' otherwise."
