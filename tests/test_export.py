@@ -87,7 +87,8 @@ def test_model_card_metadata_and_before_after_metrics(trained_run):
         s["best_model_score"] for k, s in checkpoint["callbacks"].items() if "ModelCheckpoint" in k
     ]
     table = card_table(card_path)
-    assert set(table) == {"val/loss", "val/accuracy", "val/perplexity"}
+    assert set(table) == {"val/loss", "val/accuracy", "val/word_accuracy", "val/perplexity"}
+    assert table["val/word_accuracy"][0] == f"{baseline['val/word_accuracy']:.4f}"
     assert table["val/loss"] == (f"{baseline['val/loss']:.4f}", f"{float(best_score):.4f}")
     assert table["val/perplexity"][0] == f"{baseline['val/perplexity']:.4f}"
     text = card_path.read_text(encoding="utf-8")
