@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
 import datasets
 import lightning as L
+import numpy as np
+import pyarrow.compute as pc
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -49,6 +53,65 @@ class EpochSampler(DistributedSampler):
         return ((epoch, index) for index in super().__iter__())
 
 
+class LengthGroupedEpochSampler(EpochSampler):
+    """An :class:`EpochSampler` that puts examples of similar length in the same batch (less padding).
+
+    Each epoch starts from the same seeded shuffle as ``DistributedSampler``; the shuffled order is cut into
+    mega-batches of ``megabatch_size`` examples per rank, each sorted by length (longest first), and then
+    dealt out round-robin to the ranks, so that every rank's batch ``i`` has similar lengths too (no rank
+    waits for a longer one). Padding and ``drop_last`` follow ``DistributedSampler``; it yields
+    ``(epoch, index)``, so each example keeps its masks: only which examples share a batch changes.
+
+    Args:
+        dataset: The dataset (only its length is used).
+        lengths: Length of each example, in dataset order.
+        megabatch_size: Examples per rank sorted together; larger groups tighter, smaller keeps more
+            randomness (default: 50 batches, as ``transformers``' ``LengthGroupedSampler``).
+        num_replicas: World size.
+        rank: This process's rank.
+        seed: Shuffling seed.
+        drop_last: Drop the tail that does not divide evenly among ranks instead of repeating examples.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        lengths: Sequence[int] | np.ndarray,
+        megabatch_size: int,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        seed: int = 0,
+        drop_last: bool = False,
+    ):
+        super().__init__(
+            dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=drop_last
+        )
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if len(self.lengths) != len(dataset):
+            raise ValueError(f"got {len(self.lengths)} lengths for {len(dataset)} examples")
+        self.megabatch_size = max(1, megabatch_size)
+
+    def grouped_indices(self) -> list[int]:
+        """This rank's indices for the current epoch."""
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        perm = torch.randperm(len(self.lengths), generator=generator).numpy()
+        # The same examples as DistributedSampler: it drops the shuffled tail, or repeats the shuffled head.
+        if self.drop_last:
+            perm, extra = perm[: self.total_size], []
+        else:
+            repeats = math.ceil(self.total_size / max(len(perm), 1))
+            extra = np.tile(perm, repeats)[: self.total_size - len(perm)].tolist()
+        group = np.arange(len(perm)) // (self.megabatch_size * self.num_replicas)
+        indices = perm[np.lexsort((-self.lengths[perm], group))].tolist() + extra  # by group, longest first
+        return indices[self.rank : self.total_size : self.num_replicas]
+
+    @override
+    def __iter__(self):
+        epoch = self.epoch
+        return ((epoch, index) for index in self.grouped_indices())
+
+
 class KeyedDataset(Dataset):
     """Serves block rows with their dataset index (and epoch) attached, as the collator expects."""
 
@@ -89,6 +152,8 @@ class MLMDataModule(L.LightningDataModule):
         mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
         random_replace_prob: Fraction of selected words replaced by random tokens (the rest stay unchanged).
         pad_to_multiple_of: Pad batches to a multiple of this length.
+        group_by_length: With ``packing: false``, batch lines of similar length together (mega-batches of
+            50 batches sorted by length), which removes most padding; every example keeps its masks.
         batch_size: Training examples per batch and device.
         eval_batch_size: Validation/test batch size (default: ``batch_size``).
         num_workers: DataLoader worker processes.
@@ -116,6 +181,7 @@ class MLMDataModule(L.LightningDataModule):
         mask_replace_prob: float = 0.8,
         random_replace_prob: float = 0.1,
         pad_to_multiple_of: int = 8,
+        group_by_length: bool = True,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
         num_workers: int = 2,
@@ -270,9 +336,16 @@ class MLMDataModule(L.LightningDataModule):
     @override
     def train_dataloader(self) -> DataLoader:
         world_size, rank = self._world()
-        sampler = EpochSampler(
-            self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=self.hparams.seed
-        )
+        hp = self.hparams
+        if hp.group_by_length and not hp.packing:
+            lengths = pc.list_value_length(self.train_dataset.with_format("arrow")["input_ids"]).to_numpy()
+            sampler = LengthGroupedEpochSampler(
+                self.train_dataset, lengths, 50 * hp.batch_size, world_size, rank, seed=hp.seed
+            )
+        else:
+            sampler = EpochSampler(
+                self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=hp.seed
+            )
         return self._loader(KeyedDataset(self.train_dataset), self.hparams.batch_size, sampler)
 
     def _eval_batch_size(self) -> int:
