@@ -1,4 +1,4 @@
-"""The fast whole-word masking is bit-identical to the plain formulation it replaced (kept here as reference)."""
+"""The fast whole-word masking is bit-identical to the plain formulation it replaced (kept as reference)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,18 @@ def ref_uniform(keys, n, stream):
     return (h >> 8).to(torch.float32) * (1.0 / (1 << 24))
 
 
-def ref_whole_word_mask(input_ids, word_ids, keys, *, mask_token_id, random_token_ids, special_token_ids,
-                        mlm_probability=0.15, mask_replace_prob=0.8, random_replace_prob=0.1):
+def ref_whole_word_mask(
+    input_ids,
+    word_ids,
+    keys,
+    *,
+    mask_token_id,
+    random_token_ids,
+    special_token_ids,
+    mlm_probability=0.15,
+    mask_replace_prob=0.8,
+    random_replace_prob=0.1,
+):
     batch, length = input_ids.shape
     maskable = (word_ids >= 0) & ~torch.isin(input_ids, special_token_ids)
     word_index = word_ids.clamp(min=0)
@@ -58,7 +68,9 @@ def ref_whole_word_mask(input_ids, word_ids, keys, *, mask_token_id, random_toke
     chosen = torch.zeros_like(chosen_sorted).scatter_(1, order, chosen_sorted) & (word_len > 0)
     action = ref_uniform(keys, n_words, 2)
     to_mask_word = chosen & (action < mask_replace_prob)
-    to_random_word = chosen & (action >= mask_replace_prob) & (action < mask_replace_prob + random_replace_prob)
+    to_random_word = (
+        chosen & (action >= mask_replace_prob) & (action < mask_replace_prob + random_replace_prob)
+    )
     selected = chosen.gather(1, word_index) & maskable
     labels = torch.where(selected, input_ids, -100)
     random_tokens = random_token_ids[
@@ -87,11 +99,21 @@ def block_features(review_texts, tokenizer):
     tokens = tokenize_with_word_ids(review_texts, tokenizer, Segmenter())
     feats = {}
     for packing, length in ((True, 512), (False, 128)):
-        blocks = build_blocks(tokens["input_ids"], tokens["word_ids"], length, tokenizer.cls_token_id,
-                              tokenizer.sep_token_id, packing)
+        blocks = build_blocks(
+            tokens["input_ids"],
+            tokens["word_ids"],
+            length,
+            tokenizer.cls_token_id,
+            tokenizer.sep_token_id,
+            packing,
+        )
         feats[packing] = [
-            {"input_ids": np.asarray(i, dtype=np.int32), "word_ids": np.asarray(w, dtype=np.int32),
-             "example_id": n, "epoch": 0}
+            {
+                "input_ids": np.asarray(i, dtype=np.int32),
+                "word_ids": np.asarray(w, dtype=np.int32),
+                "example_id": n,
+                "epoch": 0,
+            }
             for n, (i, w) in enumerate(zip(blocks["input_ids"], blocks["word_ids"], strict=True))
         ]
     return feats
@@ -119,8 +141,12 @@ def test_collator_bit_identical_to_reference(block_features, tokenizer, packing)
             assert torch.equal(fast["attention_mask"], ref["attention_mask"])
             assert torch.equal(fast["word_ids"], ref["word_ids"])
             masked, labels = ref_whole_word_mask(
-                ref["input_ids"], ref["word_ids"], collator.keys(chunk), mask_token_id=collator.mask_token_id,
-                random_token_ids=collator.random_token_ids, special_token_ids=collator.special_token_ids,
+                ref["input_ids"],
+                ref["word_ids"],
+                collator.keys(chunk),
+                mask_token_id=collator.mask_token_id,
+                random_token_ids=collator.random_token_ids,
+                special_token_ids=collator.special_token_ids,
             )
             assert torch.equal(fast["input_ids"], masked)
             assert torch.equal(fast["labels"], labels)
@@ -129,7 +155,7 @@ def test_collator_bit_identical_to_reference(block_features, tokenizer, packing)
 
 
 def test_word_order_equals_torch_argsort_with_ties():
-    """Tied keys take the fallback; present words must be ranked exactly as torch's (unstable) argsort does."""
+    """Tied keys take the fallback; present words get exactly torch's (unstable) argsort ranks."""
     generator = torch.Generator().manual_seed(0)
     batch, width, full_width = 64, 300, 320
     order_key = (torch.randint(0, 40, (batch, width), generator=generator) / 64).numpy()  # many ties
@@ -157,8 +183,12 @@ def test_tied_order_keys_end_to_end(tokenizer):
     word_ids = torch.arange(length).repeat(batch, 1)
     word_ids[:, -5:] = -1  # some specials/padding
     keys = example_keys(0, torch.zeros(batch, dtype=torch.int64), torch.arange(batch))
-    kwargs = dict(mask_token_id=collator.mask_token_id, random_token_ids=collator.random_token_ids,
-                  special_token_ids=collator.special_token_ids, mlm_probability=0.4)
+    kwargs = dict(
+        mask_token_id=collator.mask_token_id,
+        random_token_ids=collator.random_token_ids,
+        special_token_ids=collator.special_token_ids,
+        mlm_probability=0.4,
+    )
     fast = whole_word_mask(input_ids, word_ids, keys, **kwargs)
     ref = ref_whole_word_mask(input_ids, word_ids, keys, **kwargs)
     assert torch.equal(fast[0], ref[0]) and torch.equal(fast[1], ref[1])

