@@ -32,6 +32,14 @@ def _is_non_empty(batch: dict[str, list]) -> list[bool]:
     return [bool(text and text.strip()) for text in batch["text"]]
 
 
+def _arrow_sum(length_fn: Any, dataset: datasets.Dataset, column: str) -> int:
+    """Sum of per-row lengths of a column, chunk by chunk (respects the dataset's index mapping)."""
+    total = 0
+    for chunk in dataset.with_format("arrow").iter(batch_size=100_000):
+        total += int(pc.sum(length_fn(chunk[column])).as_py() or 0)
+    return total
+
+
 def _tokenize_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, segmenter: Segmenter) -> dict:
     return tokenize_with_word_ids(batch["text"], tokenizer, segmenter)
 
@@ -306,10 +314,11 @@ class MLMDataModule(L.LightningDataModule):
         self.corpus_stats = {
             "train_documents": len(raw["train"]),
             "validation_documents": len(raw["validation"]),
-            "train_characters": sum(len(t) for t in raw["train"]["text"]),
+            # Arrow compute over the memory-mapped columns: no Python copy of the corpus (flat memory).
+            "train_characters": _arrow_sum(pc.utf8_length, raw["train"], "text"),
             "train_examples": len(self.train_dataset),
             "validation_examples": len(self.val_dataset),
-            "train_tokens": int(sum(len(ids) for ids in self.train_dataset["input_ids"])),
+            "train_tokens": _arrow_sum(pc.list_value_length, self.train_dataset, "input_ids"),
         }
         rank_zero_info(
             "mlm_adapt data: "
