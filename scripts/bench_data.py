@@ -137,6 +137,38 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+class _AnonPeak:
+    """Samples this process's anonymous resident memory (RssAnon) every 20 ms and keeps the maximum.
+
+    VmHWM also counts file-backed pages of the memory-mapped Arrow cache, which the kernel can drop at will;
+    RssAnon is the memory the process really holds.
+    """
+
+    def __init__(self):
+        import threading
+
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def now() -> float:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self.now())
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, self.now())
+
+
 def _memory_child(size_mb: int, model_dir: str) -> None:
     """Runs in a fresh process: builds a corpus of size_mb, preprocesses it, prints peak RSS as JSON."""
     from mlm_adapt.data import MLMDataModule
@@ -150,6 +182,8 @@ def _memory_child(size_mb: int, model_dir: str) -> None:
             f.write(block)
             written += len(block)
     base = _peak_rss_mib()
+    base_anon = _AnonPeak.now()
+    sampler = _AnonPeak()
     dm = MLMDataModule(
         train_files=[str(corpus)],
         tokenizer_name_or_path=model_dir,
@@ -163,9 +197,12 @@ def _memory_child(size_mb: int, model_dir: str) -> None:
     dm.prepare_data()
     prepared, seconds = _peak_rss_mib(), time.perf_counter() - start
     dm.setup("fit")
+    anon = sampler.stop()
     print(
         json.dumps(
             {
+                "start_anon_mib": base_anon,
+                "peak_anon_mib": anon,
                 "size_mb": written / 1e6,
                 "chars": dm.corpus_stats["train_characters"],
                 "start_mib": base,
@@ -199,6 +236,8 @@ def memory(sizes_mb: list[int], model_dir: Path) -> list[list[object]]:
                 f"{r['start_mib']:.0f}",
                 f"{r['prepare_mib']:.0f}",
                 f"{r['setup_mib']:.0f}",
+                f"{r['start_anon_mib']:.0f}",
+                f"{r['peak_anon_mib']:.0f}",
             ]
         )
     return rows
@@ -209,6 +248,7 @@ def main() -> None:
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[10, 50, 100])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--memory-only", action="store_true")
     parser.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     BENCH_DIR.mkdir(parents=True, exist_ok=True)
@@ -221,14 +261,12 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     texts = reviews()
     print(f"# bench_data: {machine()}")
-    print("\n## One core (RAYON_NUM_THREADS=1), median of", args.rounds, "interleaved rounds")
-    print(table(["pipeline", "Mchar", "Mchar/s", "vs naive"], per_core(texts, tokenizer, args.rounds)))
-    print("\n## All cores (datasets.map num_proc)")
-    print(
-        table(
-            ["pipeline", "processes", "Mchar", "Mchar/s", "vs naive"], all_cores(texts, tokenizer, model_dir)
-        )
-    )
+    if not args.memory_only:
+        print("\n## One core (RAYON_NUM_THREADS=1), median of", args.rounds, "interleaved rounds")
+        print(table(["pipeline", "Mchar", "Mchar/s", "vs naive"], per_core(texts, tokenizer, args.rounds)))
+        print("\n## All cores (datasets.map num_proc)")
+        header = ["pipeline", "processes", "Mchar", "Mchar/s", "vs naive"]
+        print(table(header, all_cores(texts, tokenizer, model_dir)))
     if not args.skip_memory:
         print("\n## Peak memory of prepare_data + setup (fresh process per size, 1 preprocessing process)")
         print(
@@ -242,6 +280,8 @@ def main() -> None:
                     "RSS at start MiB",
                     "peak after prepare_data MiB",
                     "peak after setup MiB",
+                    "anon RSS at start MiB",
+                    "peak anon RSS MiB",
                 ],
                 memory(args.sizes_mb, model_dir),
             )
