@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import math
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
 import datasets
 import lightning as L
+import numpy as np
+import pyarrow.compute as pc
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -32,6 +36,14 @@ def _is_non_empty(batch: dict[str, list]) -> list[bool]:
     return [bool(text and text.strip()) for text in batch["text"]]
 
 
+def _arrow_sum(length_fn: Any, dataset: datasets.Dataset, column: str) -> int:
+    """Sum of per-row lengths of a column, chunk by chunk (respects the dataset's index mapping)."""
+    total = 0
+    for chunk in dataset.with_format("arrow").iter(batch_size=100_000):
+        total += int(pc.sum(length_fn(chunk[column])).as_py() or 0)
+    return total
+
+
 def _tokenize_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, segmenter: Segmenter) -> dict:
     return tokenize_with_word_ids(batch["text"], tokenizer, segmenter)
 
@@ -51,6 +63,65 @@ class EpochSampler(DistributedSampler):
     def __iter__(self):
         epoch = self.epoch
         return ((epoch, index) for index in super().__iter__())
+
+
+class LengthGroupedEpochSampler(EpochSampler):
+    """An :class:`EpochSampler` that puts examples of similar length in the same batch (less padding).
+
+    Each epoch starts from the same seeded shuffle as ``DistributedSampler``; the shuffled order is cut into
+    mega-batches of ``megabatch_size`` examples per rank, each sorted by length (longest first), and then
+    dealt out round-robin to the ranks, so that every rank's batch ``i`` has similar lengths too (no rank
+    waits for a longer one). Padding and ``drop_last`` follow ``DistributedSampler``; it yields
+    ``(epoch, index)``, so each example keeps its masks: only which examples share a batch changes.
+
+    Args:
+        dataset: The dataset (only its length is used).
+        lengths: Length of each example, in dataset order.
+        megabatch_size: Examples per rank sorted together; larger groups tighter, smaller keeps more
+            randomness (default: 50 batches, as ``transformers``' ``LengthGroupedSampler``).
+        num_replicas: World size.
+        rank: This process's rank.
+        seed: Shuffling seed.
+        drop_last: Drop the tail that does not divide evenly among ranks instead of repeating examples.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        lengths: Sequence[int] | np.ndarray,
+        megabatch_size: int,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        seed: int = 0,
+        drop_last: bool = False,
+    ):
+        super().__init__(
+            dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=drop_last
+        )
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if len(self.lengths) != len(dataset):
+            raise ValueError(f"got {len(self.lengths)} lengths for {len(dataset)} examples")
+        self.megabatch_size = max(1, megabatch_size)
+
+    def grouped_indices(self) -> list[int]:
+        """This rank's indices for the current epoch."""
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        perm = torch.randperm(len(self.lengths), generator=generator).numpy()
+        # The same examples as DistributedSampler: it drops the shuffled tail, or repeats the shuffled head.
+        if self.drop_last:
+            perm, extra = perm[: self.total_size], []
+        else:
+            repeats = math.ceil(self.total_size / max(len(perm), 1))
+            extra = np.tile(perm, repeats)[: self.total_size - len(perm)].tolist()
+        group = np.arange(len(perm)) // (self.megabatch_size * self.num_replicas)
+        indices = perm[np.lexsort((-self.lengths[perm], group))].tolist() + extra  # by group, longest first
+        return indices[self.rank : self.total_size : self.num_replicas]
+
+    @override
+    def __iter__(self):
+        epoch = self.epoch
+        return ((epoch, index) for index in self.grouped_indices())
 
 
 class KeyedDataset(Dataset):
@@ -106,6 +177,8 @@ class MLMDataModule(L.LightningDataModule):
             domain documents are kept; ``datasets.interleave_datasets`` adds general ones at this rate.
         new_tokens_file: Tokens added to the tokenizer (one per line); linked from ``model.new_tokens_file``.
         pad_to_multiple_of: Pad batches to a multiple of this length.
+        group_by_length: With ``packing: false``, batch lines of similar length together (mega-batches of
+            50 batches sorted by length), which removes most padding; every example keeps its masks.
         batch_size: Training examples per batch and device.
         eval_batch_size: Validation/test batch size (default: ``batch_size``).
         num_workers: DataLoader worker processes.
@@ -143,6 +216,7 @@ class MLMDataModule(L.LightningDataModule):
         mix_probability: float = 0.0,
         new_tokens_file: str | None = None,
         pad_to_multiple_of: int = 8,
+        group_by_length: bool = True,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
         num_workers: int = 2,
@@ -330,10 +404,11 @@ class MLMDataModule(L.LightningDataModule):
         self.corpus_stats = {
             "train_documents": len(raw["train"]),
             "validation_documents": len(raw["validation"]),
-            "train_characters": sum(len(t) for t in raw["train"]["text"]),
+            # Arrow compute over the memory-mapped columns: no Python copy of the corpus (flat memory).
+            "train_characters": _arrow_sum(pc.utf8_length, raw["train"], "text"),
             "train_examples": len(self.train_dataset),
             "validation_examples": len(self.val_dataset),
-            "train_tokens": int(sum(len(ids) for ids in self.train_dataset["input_ids"])),
+            "train_tokens": _arrow_sum(pc.list_value_length, self.train_dataset, "input_ids"),
         }
         rank_zero_info(
             "mlm_adapt data: "
@@ -367,19 +442,31 @@ class MLMDataModule(L.LightningDataModule):
         if self.hparams.streaming:
             return stream_lib.train_dataloader(self)
         world_size, rank = self._world()
+        hp = self.hparams
         # drop_last: ranks get disjoint, equal shards (padding would repeat examples on some ranks); the
         # < world_size examples left out differ every epoch because the shuffle does.
-        sampler = EpochSampler(
-            self.train_dataset,
-            num_replicas=world_size,
-            rank=rank,
-            shuffle=True,
-            seed=self.hparams.seed,
-            drop_last=True,
-        )
+        if hp.group_by_length and not hp.packing:
+            lengths = pc.list_value_length(self.train_dataset.with_format("arrow")["input_ids"]).to_numpy()
+            sampler = LengthGroupedEpochSampler(
+                self.train_dataset,
+                lengths,
+                50 * hp.batch_size,
+                world_size,
+                rank,
+                seed=hp.seed,
+                drop_last=True,
+            )
+        else:
+            sampler = EpochSampler(
+                self.train_dataset,
+                num_replicas=world_size,
+                rank=rank,
+                shuffle=True,
+                seed=hp.seed,
+                drop_last=True,
+            )
         dataset = KeyedDataset(self.train_dataset)
-        batch_size = self.hparams.batch_size
-        return self._loader(dataset, batch_size, sampler, stateful=True, collator=self.train_collator)
+        return self._loader(dataset, hp.batch_size, sampler, stateful=True, collator=self.train_collator)
 
     def _eval_batch_size(self) -> int:
         return self.hparams.eval_batch_size or self.hparams.batch_size

@@ -7,6 +7,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.cli import OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
@@ -17,6 +18,7 @@ from typing_extensions import override
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.metrics import WordAccuracy, word_keys
+from mlm_adapt.throughput import MLMThroughputMonitor, mlm_flops
 
 # Attribute names of the vocabulary-projection head in Hugging Face masked-LM classes (BERT, RoBERTa/XLM-R,
 # ALBERT, DeBERTa-v2). The head maps hidden states of any leading shape, so it can run on masked rows only.
@@ -101,6 +103,11 @@ class MaskedLMModule(L.LightningModule):
         new_tokens_file: Tokens to add to the vocabulary (one per line, e.g. from ``mlm_adapt vocab
             --output_tokens``); each new embedding starts as the mean of its old pieces' embeddings.
             Linked to ``data.new_tokens_file`` by the CLI.
+        compile: ``torch.compile`` the encoder and head (in place: checkpoints and exports are unchanged).
+            Pays off on GPUs for long runs; the first steps are slow while it compiles.
+        compile_options: Keyword arguments for ``torch.compile`` (e.g. ``{mode: max-autotune}``).
+        log_throughput: Add :class:`~mlm_adapt.throughput.MLMThroughputMonitor` (tokens/s, samples/s,
+            non-padding fraction, MFU on GPU) unless the trainer already has a ``ThroughputMonitor``.
     """
 
     def __init__(
@@ -115,6 +122,9 @@ class MaskedLMModule(L.LightningModule):
         masked_only_head: bool = True,
         mask_attention: Literal["attend", "exclude"] = "attend",
         new_tokens_file: str | None = None,
+        compile: bool = False,
+        compile_options: dict[str, Any] | None = None,
+        log_throughput: bool = True,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer"])
@@ -151,6 +161,25 @@ class MaskedLMModule(L.LightningModule):
         # Validation metrics of the unadapted model (the step-0 domain baseline), kept in checkpoints.
         self.baseline_metrics: dict[str, float] = {}
         self.last_validated_step = -1
+        # FLOPs of the latest batch, read by Lightning's ThroughputMonitor.
+        self.flops_per_batch: int | None = None
+        self._compiled = False
+
+    @override
+    def configure_model(self) -> None:
+        if self.hparams.compile and not self._compiled:
+            # Module.compile works in place: state_dict keys (checkpoints, save_pretrained) are unchanged.
+            for module in self.head_split or (self.model,):
+                module.compile(**(self.hparams.compile_options or {}))
+            self._compiled = True
+
+    @override
+    def configure_callbacks(self) -> list[L.Callback]:
+        if not self.hparams.log_throughput or self._trainer is None:
+            return []
+        if any(isinstance(c, ThroughputMonitor) for c in self.trainer.callbacks):
+            return []
+        return [MLMThroughputMonitor()]
 
     def masked_logits(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Vocabulary logits and labels of the masked positions only: ``(N, V)`` and ``(N,)``."""
@@ -187,6 +216,11 @@ class MaskedLMModule(L.LightningModule):
     def _shared_step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         loss, logits, labels = self.masked_lm_loss(batch)
         n_masked = labels.numel()
+        batch_size, seq_len = batch["input_ids"].shape
+        n_predicted = n_masked if self.head_split is not None else batch_size * seq_len
+        self.flops_per_batch = mlm_flops(
+            self.model.config, batch_size, seq_len, n_predicted, stage == "train"
+        )
         self.log(
             f"{stage}/loss", loss, prog_bar=True, batch_size=max(n_masked, 1), sync_dist=stage in EVAL_STAGES
         )

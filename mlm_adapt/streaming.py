@@ -217,6 +217,7 @@ def setup(dm: MLMDataModule) -> None:
 def train_dataloader(dm: MLMDataModule) -> DataLoader:
     """``MLMDataModule.train_dataloader`` for ``streaming=True``: this rank's endless, stateful stream."""
     from mlm_adapt.data import BLOCK_FEATURES  # data imports this module
+
     hp = dm.hparams
     trainer = dm.trainer
     if trainer is not None and trainer.max_steps < 0:

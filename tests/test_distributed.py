@@ -16,9 +16,14 @@ def test_ddp_fit_two_ranks_see_disjoint_examples_and_checkpoint_once(tiny_model_
     result = run_cli(
         "fit",
         *tiny_fit_args(
-            tiny_model_dir, corpus_file, tmp_path,
-            "--trainer.devices=2", "--trainer.strategy=ddp", f"--trainer.max_steps={steps}",
-            "--trainer.callbacks+=tests.recorder.BatchRecorder", f"--trainer.callbacks.out_dir={rec}",
+            tiny_model_dir,
+            corpus_file,
+            tmp_path,
+            "--trainer.devices=2",
+            "--trainer.strategy=ddp",
+            f"--trainer.max_steps={steps}",
+            "--trainer.callbacks+=tests.recorder.BatchRecorder",
+            f"--trainer.callbacks.out_dir={rec}",
         ),
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -73,7 +78,11 @@ def test_global_batch_info_counts_accumulation_devices_and_nodes():
     logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((metrics, step)))
     trainer = SimpleNamespace(
         datamodule=SimpleNamespace(hparams={"batch_size": 32, "max_seq_length": 512}),
-        accumulate_grad_batches=4, world_size=16, num_nodes=2, strategy=object(), loggers=[logger],
+        accumulate_grad_batches=4,
+        world_size=16,
+        num_nodes=2,
+        strategy=object(),
+        loggers=[logger],
         global_step=0,
     )
     callback = GlobalBatchInfo()

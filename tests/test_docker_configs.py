@@ -53,9 +53,15 @@ def test_fsdp_config_shards_bert_layers(tiny_model_dir, corpus_file, monkeypatch
     monkeypatch.setattr(_AcceleratorConnector, "_check_strategy_and_fallback", lambda self: None)
     cli = MLMAdaptCLI(
         args=[
-            "--config", str(REPO / "configs" / "fsdp.yaml"), f"--model.model_name_or_path={tiny_model_dir}",
-            "--model.max_seq_length=64", f"--data.train_files=[{corpus_file}]", "--trainer.accelerator=cpu",
-            "--trainer.devices=1", "--trainer.precision=32-true", "--trainer.logger=false",
+            "--config",
+            str(REPO / "configs" / "fsdp.yaml"),
+            f"--model.model_name_or_path={tiny_model_dir}",
+            "--model.max_seq_length=64",
+            f"--data.train_files=[{corpus_file}]",
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=1",
+            "--trainer.precision=32-true",
+            "--trainer.logger=false",
         ],
         run=False,
     )

@@ -19,7 +19,9 @@ def _fit(model_dir: Path, corpus: Path, root: Path, *extra: str):
     return run_cli(
         "fit",
         *tiny_fit_args(
-            model_dir, corpus, root,
+            model_dir,
+            corpus,
+            root,
             f"--trainer.max_steps={STEPS}",
             # Epochs of 6 batches: the resumed run starts mid-epoch 0 and crosses into epoch 1 (reshuffle,
             # new masks, a validation run in between).
@@ -126,8 +128,12 @@ def test_train_loader_state_resumes_with_workers(tiny_model_dir, corpus_file, tm
 
     def loader():
         dm = MLMDataModule(
-            train_files=[str(corpus_file)], tokenizer_name_or_path=str(tiny_model_dir), max_seq_length=32,
-            batch_size=4, num_workers=2, cache_dir=str(tmp_path / "hf"),
+            train_files=[str(corpus_file)],
+            tokenizer_name_or_path=str(tiny_model_dir),
+            max_seq_length=32,
+            batch_size=4,
+            num_workers=2,
+            cache_dir=str(tmp_path / "hf"),
         )
         dm.prepare_data()
         dm.setup("fit")

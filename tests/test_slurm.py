@@ -15,9 +15,14 @@ SBATCH = REPO / "scripts" / "slurm" / "train.sbatch"
 def test_sigusr1_in_a_slurm_job_saves_a_checkpoint(tiny_model_dir, corpus_file, tmp_path, monkeypatch):
     # What srun exports to each task; Lightning's SLURMEnvironment is detected from these.
     slurm = {
-        "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NAME": "mlm_adapt",
-        "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "1", "SLURM_NODELIST": "localhost",
-        "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_JOB_NAME": "mlm_adapt",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NODELIST": "localhost",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
         "SLURM_NODEID": "0",
     }
     for key, value in slurm.items():
@@ -26,13 +31,19 @@ def test_sigusr1_in_a_slurm_job_saves_a_checkpoint(tiny_model_dir, corpus_file, 
     result = run_cli(
         "fit",
         *tiny_fit_args(
-            tiny_model_dir, corpus_file, tmp_path, "--trainer.max_steps=5",
+            tiny_model_dir,
+            corpus_file,
+            tmp_path,
+            "--trainer.max_steps=5",
             # The same plugin flags as scripts/slurm/train.sbatch.
             "--trainer.plugins+=lightning.pytorch.plugins.environments.SLURMEnvironment",
-            "--trainer.plugins.auto_requeue=true", "--trainer.plugins.requeue_signal=SIGUSR1",
+            "--trainer.plugins.auto_requeue=true",
+            "--trainer.plugins.requeue_signal=SIGUSR1",
             # Stands in for `#SBATCH --signal=SIGUSR1@90`: the job receives SIGUSR1 at step 3.
-            "--trainer.callbacks+=tests.recorder.BatchRecorder", f"--trainer.callbacks.out_dir={rec}",
-            f"--trainer.callbacks.kill_at_step={signal_at}", "--trainer.callbacks.kill_signal=SIGUSR1",
+            "--trainer.callbacks+=tests.recorder.BatchRecorder",
+            f"--trainer.callbacks.out_dir={rec}",
+            f"--trainer.callbacks.kill_at_step={signal_at}",
+            "--trainer.callbacks.kill_signal=SIGUSR1",
         ),
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -26,14 +26,22 @@ def test_streaming_ddp_with_uneven_shards_finishes_on_both_ranks(tiny_model_dir,
     val = _write(tmp_path / "val" / "val.txt", review_texts[550:600])
     rec, steps = tmp_path / "rec", 6
     args = tiny_fit_args(
-        tiny_model_dir, big, tmp_path,
-        f"--data.train_files=[{tmp_path / 'corpus' / '*.txt'}]", f"--data.validation_files=[{val}]",
+        tiny_model_dir,
+        big,
+        tmp_path,
+        f"--data.train_files=[{tmp_path / 'corpus' / '*.txt'}]",
+        f"--data.validation_files=[{val}]",
         # Line-by-line blocks stay the same across passes (packing re-packs each reshuffled pass differently),
         # so a restarted shard shows up as repeated blocks.
-        "--data.streaming=true", "--data.shuffle_buffer_size=16", "--data.packing=false",
-        "--trainer.devices=2", "--trainer.strategy=ddp", f"--trainer.max_steps={steps}",
+        "--data.streaming=true",
+        "--data.shuffle_buffer_size=16",
+        "--data.packing=false",
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+        f"--trainer.max_steps={steps}",
         "--trainer.val_check_interval=3",
-        "--trainer.callbacks+=tests.recorder.BatchRecorder", f"--trainer.callbacks.out_dir={rec}",
+        "--trainer.callbacks+=tests.recorder.BatchRecorder",
+        f"--trainer.callbacks.out_dir={rec}",
     )
     result = run_cli("fit", *args, timeout=240)  # a hang at an epoch end would time out here
     assert result.returncode == 0, result.stderr[-3000:]
@@ -54,8 +62,12 @@ def two_file_datamodule(tiny_model_dir, review_texts, tmp_path):
 
     def make(**kwargs) -> MLMDataModule:
         dm = MLMDataModule(
-            train_files=[str(f) for f in files], validation_files=[str(val)],
-            tokenizer_name_or_path=str(tiny_model_dir), max_seq_length=32, streaming=True, batch_size=4,
+            train_files=[str(f) for f in files],
+            validation_files=[str(val)],
+            tokenizer_name_or_path=str(tiny_model_dir),
+            max_seq_length=32,
+            streaming=True,
+            batch_size=4,
             **kwargs,
         )
         dm.setup("fit")

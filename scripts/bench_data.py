@@ -1,0 +1,292 @@
+"""Benchmark: preprocessing (segment + tokenize + word ids) speed, and peak memory on growing corpora.
+
+1. Mchar/s on one core: mlm_adapt's ``tokenize_with_word_ids`` (rjieba + char-table fast path) vs the naive
+   baseline (``jieba.lcut`` + one tokenizer call per line), vs mlm_adapt's previous path (rjieba + one
+   batched ``is_split_into_words`` call), and rjieba alone (the ceiling). Goal: >= 3 Mchar/s per core.
+2. Mchar/s with all cores: ``datasets.map(num_proc=cpu_count)``, ours vs the naive baseline.
+3. Peak RSS of the real pipeline (``MLMDataModule.prepare_data`` then ``setup``: load, segment, tokenize,
+   pack, written to the Arrow cache) on the reviews repeated to growing sizes, each in a fresh process.
+   Goal: flat memory as the corpus grows.
+
+    python scripts/bench_data.py [--sizes-mb 10 50 100] [--skip-memory]
+"""
+
+from __future__ import annotations
+
+import os
+
+# One Rust thread per process: "per core" means per core.
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _bench_common import machine, reviews, table, tiny_model  # noqa: E402
+
+BENCH_DIR = Path(tempfile.gettempdir()) / "mlm_adapt_bench"
+
+
+def naive(texts, tokenizer, jieba_tokenizer) -> dict:
+    """The baseline users write: jieba.lcut, then one tokenizer call per line."""
+    out = {"input_ids": [], "word_ids": []}
+    for text in texts:
+        enc = tokenizer(
+            jieba_tokenizer.lcut(text, HMM=False), is_split_into_words=True, add_special_tokens=False
+        )
+        out["input_ids"].append(enc["input_ids"])
+        out["word_ids"].append(enc.word_ids())
+    return out
+
+
+def _batched(fn, texts, batch_size=1000):
+    for start in range(0, len(texts), batch_size):
+        fn(texts[start : start + batch_size])
+
+
+def per_core(texts, tokenizer, rounds: int) -> list[list[object]]:
+    import jieba
+
+    from mlm_adapt.segment import Segmenter
+    from mlm_adapt.text import _tokenize_split_words, tokenize_with_word_ids
+
+    jieba.setLogLevel(60)
+    jieba_tok = jieba.Tokenizer()
+    jieba_tok.initialize()
+    seg = Segmenter("rjieba")
+    small = texts[: len(texts) // 8]  # the slow paths get an eighth of the text
+    cases = {
+        "naive: jieba.lcut + tokenizer per line": (small, lambda b: naive(b, tokenizer, jieba_tok)),
+        "mlm_adapt before: rjieba + batched is_split_into_words": (
+            small,
+            lambda b: _tokenize_split_words([seg(t) for t in b], tokenizer),
+        ),
+        "mlm_adapt: rjieba + char-table fast path": (
+            texts,
+            lambda b: tokenize_with_word_ids(b, tokenizer, seg),
+        ),
+        "rjieba segmentation alone (ceiling)": (texts, lambda b: [seg(t) for t in b]),
+    }
+    tokenize_with_word_ids(texts[:2000], tokenizer, seg)  # warm the per-process char table
+    rates: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, (data, fn) in cases.items():
+            start = time.perf_counter()
+            _batched(fn, data)
+            rates[name].append(sum(map(len, data)) / (time.perf_counter() - start) / 1e6)
+    base = statistics.median(rates["naive: jieba.lcut + tokenizer per line"])
+    return [
+        [
+            name,
+            f"{sum(map(len, cases[name][0])) / 1e6:.2f}",
+            f"{statistics.median(r):.2f}",
+            f"{statistics.median(r) / base:.1f}x",
+        ]
+        for name, r in rates.items()
+    ]
+
+
+def _naive_batch(batch, tokenizer):
+    import jieba
+
+    jieba.setLogLevel(60)
+    return naive(batch["text"], tokenizer, jieba.dt)
+
+
+def all_cores(texts, tokenizer, model_dir) -> list[list[object]]:
+    import datasets
+
+    from mlm_adapt.data import _tokenize_batch
+    from mlm_adapt.segment import Segmenter
+
+    datasets.disable_caching()
+    datasets.disable_progress_bars()
+    procs = os.cpu_count() or 1
+    rows = []
+    full = datasets.Dataset.from_dict({"text": texts * 2})
+    small = datasets.Dataset.from_dict({"text": texts[: len(texts) // 4]})
+    for name, ds, fn, kwargs in (
+        ("naive: jieba.lcut + tokenizer per line", small, _naive_batch, {"tokenizer": tokenizer}),
+        ("mlm_adapt", full, _tokenize_batch, {"tokenizer": tokenizer, "segmenter": Segmenter()}),
+    ):
+        chars = sum(len(t) for t in ds["text"])
+        start = time.perf_counter()
+        ds.map(fn, fn_kwargs=kwargs, batched=True, num_proc=procs, remove_columns=["text"])
+        rows.append([name, procs, f"{chars / 1e6:.2f}", f"{chars / (time.perf_counter() - start) / 1e6:.2f}"])
+    base = float(rows[0][3])
+    for row in rows:
+        row.append(f"{float(row[3]) / base:.1f}x")
+    return rows
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory (VmHWM: unlike ru_maxrss, not inherited through fork+exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class _AnonPeak:
+    """Samples this process's anonymous resident memory (RssAnon) every 20 ms and keeps the maximum.
+
+    VmHWM also counts file-backed pages of the memory-mapped Arrow cache, which the kernel can drop at will;
+    RssAnon is the memory the process really holds.
+    """
+
+    def __init__(self):
+        import threading
+
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def now() -> float:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self.now())
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, self.now())
+
+
+def _memory_child(size_mb: int, model_dir: str) -> None:
+    """Runs in a fresh process: builds a corpus of size_mb, preprocesses it, prints peak RSS as JSON."""
+    from mlm_adapt.data import MLMDataModule
+
+    work = Path(tempfile.mkdtemp(prefix=f"mem{size_mb}_", dir=BENCH_DIR))
+    corpus = work / "corpus.txt"
+    block = ("\n".join(reviews()) + "\n").encode("utf-8")
+    with corpus.open("wb") as f:
+        written = 0
+        while written < size_mb * 1e6:
+            f.write(block)
+            written += len(block)
+    base = _peak_rss_mib()
+    base_anon = _AnonPeak.now()
+    sampler = _AnonPeak()
+    dm = MLMDataModule(
+        train_files=[str(corpus)],
+        tokenizer_name_or_path=model_dir,
+        max_seq_length=512,
+        packing=True,
+        num_workers=0,
+        cache_dir=str(work / "cache"),
+    )
+    _ = dm.tokenizer
+    start = time.perf_counter()
+    dm.prepare_data()
+    prepared, seconds = _peak_rss_mib(), time.perf_counter() - start
+    dm.setup("fit")
+    anon = sampler.stop()
+    print(
+        json.dumps(
+            {
+                "start_anon_mib": base_anon,
+                "peak_anon_mib": anon,
+                "size_mb": written / 1e6,
+                "chars": dm.corpus_stats["train_characters"],
+                "start_mib": base,
+                "prepare_mib": prepared,
+                "setup_mib": _peak_rss_mib(),
+                "seconds": seconds,
+                "examples": dm.corpus_stats["train_examples"],
+            }
+        )
+    )
+    subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+def memory(sizes_mb: list[int], model_dir: Path) -> list[list[object]]:
+    rows = []
+    for size in sizes_mb:
+        result = subprocess.run(
+            [sys.executable, __file__, "--memory-child", str(size), str(model_dir)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        r = json.loads(result.stdout.strip().splitlines()[-1])
+        rows.append(
+            [
+                f"{r['size_mb']:.0f}",
+                f"{r['chars'] / 1e6:.1f}",
+                f"{r['examples']:,}",
+                f"{r['seconds']:.0f}",
+                f"{r['chars'] / r['seconds'] / 1e6:.2f}",
+                f"{r['start_mib']:.0f}",
+                f"{r['prepare_mib']:.0f}",
+                f"{r['setup_mib']:.0f}",
+                f"{r['start_anon_mib']:.0f}",
+                f"{r['peak_anon_mib']:.0f}",
+            ]
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes-mb", type=int, nargs="+", default=[10, 50, 100])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--memory-only", action="store_true")
+    parser.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    BENCH_DIR.mkdir(parents=True, exist_ok=True)
+    if args.memory_child:
+        _memory_child(int(args.memory_child[0]), args.memory_child[1])
+        return
+    from transformers import AutoTokenizer
+
+    model_dir = tiny_model(BENCH_DIR / "tiny-bert")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    texts = reviews()
+    print(f"# bench_data: {machine()}")
+    if not args.memory_only:
+        print("\n## One core (RAYON_NUM_THREADS=1), median of", args.rounds, "interleaved rounds")
+        print(table(["pipeline", "Mchar", "Mchar/s", "vs naive"], per_core(texts, tokenizer, args.rounds)))
+        print("\n## All cores (datasets.map num_proc)")
+        header = ["pipeline", "processes", "Mchar", "Mchar/s", "vs naive"]
+        print(table(header, all_cores(texts, tokenizer, model_dir)))
+    if not args.skip_memory:
+        print("\n## Peak memory of prepare_data + setup (fresh process per size, 1 preprocessing process)")
+        print(
+            table(
+                [
+                    "corpus MB",
+                    "Mchar",
+                    "blocks of 512",
+                    "prepare s",
+                    "Mchar/s",
+                    "RSS at start MiB",
+                    "peak after prepare_data MiB",
+                    "peak after setup MiB",
+                    "anon RSS at start MiB",
+                    "peak anon RSS MiB",
+                ],
+                memory(args.sizes_mb, model_dir),
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
