@@ -77,3 +77,19 @@ def table(header: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def quiet_trainer(**overrides: object):
+    """A one-device ``Trainer`` without logger, checkpoints, progress bar, summary or validation."""
+    import lightning as L
+
+    defaults = dict(
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+    )
+    return L.Trainer(**{**defaults, **overrides})

@@ -25,9 +25,11 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _bench_common import quiet_trainer  # noqa: E402
 
 WARMUP = 8
 
@@ -125,17 +127,10 @@ def run(
             n_masked = int((batch["labels"] != -100).sum())
             flops.append(mlm_flops(pl_module.model.config, *batch["input_ids"].shape, n_masked))
 
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         accelerator="gpu" if gpu else "cpu",
-        devices=1,
         precision="bf16-mixed" if gpu else "32-true",
         max_steps=WARMUP + steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
         callbacks=[Clock()],
     )
     trainer.fit(module, train_dataloaders=loader)

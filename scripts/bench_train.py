@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from _bench_common import machine, reviews, table, tiny_model  # noqa: E402
+from _bench_common import machine, quiet_trainer, reviews, table, tiny_model  # noqa: E402
 
 BENCH_DIR = Path(tempfile.gettempdir()) / "mlm_adapt_bench"
 WARMUP = 5
@@ -45,18 +45,7 @@ def run_mlm_adapt(model_dir: Path, dm, steps: int, batch_size: int) -> float:
             times.append(time.perf_counter())
 
     module = MaskedLMModule(str(model_dir), max_seq_length=128)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=WARMUP + steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        callbacks=[Clock()],
-    )
+    trainer = quiet_trainer(accelerator="cpu", max_steps=WARMUP + steps, callbacks=[Clock()])
     trainer.fit(module, datamodule=dm)
     return steps * batch_size / (times[-1] - times[WARMUP - 1])
 

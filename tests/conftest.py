@@ -75,6 +75,37 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
     )
 
 
+def make_datamodule(model_dir: Path, corpus_file: Path | None, cache_root: Path, **overrides):
+    """An ``MLMDataModule`` over ``corpus_file`` (if given) on the tiny model: seq 64, batch 8, no workers."""
+    from mlm_adapt.data import MLMDataModule
+
+    defaults = dict(
+        train_files=[str(corpus_file)] if corpus_file else None,
+        tokenizer_name_or_path=str(model_dir),
+        max_seq_length=64,
+        batch_size=8,
+        num_workers=0,
+        cache_dir=str(Path(cache_root) / "cache"),
+    )
+    return MLMDataModule(**{**defaults, **overrides})
+
+
+def quiet_trainer(**overrides):
+    """A CPU ``Trainer`` without logger, checkpoints, progress bar, summary or sanity validation."""
+    import lightning as L
+
+    defaults = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    return L.Trainer(**{**defaults, **overrides})
+
+
 def tiny_fit_args(model_dir: Path, train_file: Path, root: Path, *extra: str) -> list[str]:
     """CLI arguments for a few-step CPU fit of the tiny model (no config file needed)."""
     return [

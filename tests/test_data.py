@@ -3,19 +3,13 @@
 import json
 
 import pytest
+from conftest import make_datamodule
 
 from mlm_adapt.data import EpochSampler, MLMDataModule
 
 
 def make_data(model_dir, tmp_path, **kwargs) -> MLMDataModule:
-    defaults = dict(
-        tokenizer_name_or_path=str(model_dir),
-        max_seq_length=64,
-        batch_size=4,
-        num_workers=0,
-        cache_dir=str(tmp_path / "cache"),
-    )
-    return MLMDataModule(**{**defaults, **kwargs})
+    return make_datamodule(model_dir, None, tmp_path, batch_size=4, **kwargs)
 
 
 def test_reads_txt_jsonl_csv_and_parquet_with_a_text_column(tiny_model_dir, tmp_path, review_texts):

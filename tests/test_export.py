@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import httpx2
 import pytest
 import torch
+from conftest import make_datamodule, quiet_trainer
 from huggingface_hub import HfApi, ModelCard, RepoUrl, constants
 from huggingface_hub.errors import HfHubHTTPError
 from lightning.fabric.strategies.fsdp import _distributed_checkpoint_save
@@ -253,9 +254,7 @@ def test_push_refused_before_any_work_when_offline_or_logged_out(trained_run, tm
 def test_callback_in_plain_trainer_exports_last_and_pushes(
     tiny_model_dir, corpus_file, tmp_path, monkeypatch
 ):
-    import lightning as L
 
-    from mlm_adapt.data import MLMDataModule
     from mlm_adapt.model import MaskedLMModule
 
     hub = HubRecorder(monkeypatch)
@@ -263,28 +262,9 @@ def test_callback_in_plain_trainer_exports_last_and_pushes(
     callback = HFExport(
         output_dir=str(out), checkpoint="last", push_to_hub=True, repo_id="me/last", license="mit"
     )
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=2,
-        limit_val_batches=1,
-        num_sanity_val_steps=0,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        logger=False,
-        default_root_dir=tmp_path,
-        callbacks=[callback],
-    )
+    trainer = quiet_trainer(max_steps=2, limit_val_batches=1, default_root_dir=tmp_path, callbacks=[callback])
     module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64)
-    datamodule = MLMDataModule(
-        [str(corpus_file)],
-        validation_split=0.1,
-        tokenizer_name_or_path=str(tiny_model_dir),
-        max_seq_length=64,
-        batch_size=8,
-        num_workers=0,
-        cache_dir=str(tmp_path / "cache"),
-    )
+    datamodule = make_datamodule(tiny_model_dir, corpus_file, tmp_path, validation_split=0.1)
     trainer.fit(module, datamodule)
     module.model.eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

@@ -2,9 +2,9 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_datamodule, quiet_trainer
 from transformers import BertConfig, BertLMHeadModel, GPT2Config, GPT2LMHeadModel
 
-from mlm_adapt.data import MLMDataModule
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.model import MaskedLMModule
@@ -112,30 +112,11 @@ class LossRecorder(L.Callback):
 def test_pinned_loss_regression(tiny_model_dir, corpus_file, tmp_path):
     """Fixed seed, tiny model, 5 steps: any change to data, masking or loss shows up here."""
     L.seed_everything(1234)
-    data = MLMDataModule(
-        train_files=[str(corpus_file)],
-        tokenizer_name_or_path=str(tiny_model_dir),
-        max_seq_length=64,
-        batch_size=8,
-        num_workers=0,
-        validation_split=0.1,
-        seed=1234,
-        cache_dir=str(tmp_path / "cache"),
-    )
+    data = make_datamodule(tiny_model_dir, corpus_file, tmp_path, validation_split=0.1, seed=1234)
     optimizer = lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)  # noqa: E731
     module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64, optimizer=optimizer, warmup=0)
     recorder = LossRecorder()
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_steps=5,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[recorder],
-        deterministic=True,
-    )
+    trainer = quiet_trainer(max_steps=5, limit_val_batches=0, callbacks=[recorder], deterministic=True)
     trainer.fit(module, datamodule=data)
     assert recorder.losses == pytest.approx(PINNED_LOSSES, abs=2e-4)
 

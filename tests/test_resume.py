@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli, tiny_fit_args
+from conftest import make_datamodule, run_cli, tiny_fit_args
 from recorder import read_records
 
 from mlm_adapt.resume import AtomicCheckpointIO, ExactResume, batch_seed
@@ -124,16 +124,9 @@ def test_batch_seeds_differ_by_position_and_rank():
 
 
 def test_train_loader_state_resumes_with_workers(tiny_model_dir, corpus_file, tmp_path):
-    from mlm_adapt.data import MLMDataModule
-
     def loader():
-        dm = MLMDataModule(
-            train_files=[str(corpus_file)],
-            tokenizer_name_or_path=str(tiny_model_dir),
-            max_seq_length=32,
-            batch_size=4,
-            num_workers=2,
-            cache_dir=str(tmp_path / "hf"),
+        dm = make_datamodule(
+            tiny_model_dir, corpus_file, tmp_path, max_seq_length=32, batch_size=4, num_workers=2
         )
         dm.prepare_data()
         dm.setup("fit")

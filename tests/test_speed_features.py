@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_datamodule, quiet_trainer
 
-from mlm_adapt.data import EpochSampler, KeyedDataset, LengthGroupedEpochSampler, MLMDataModule
+from mlm_adapt.data import EpochSampler, KeyedDataset, LengthGroupedEpochSampler
 from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.segment import Segmenter
@@ -153,21 +154,13 @@ def test_length_grouping_reduces_padding_and_keeps_masks(line_blocks, tokenizer)
 
 
 def test_datamodule_picks_grouped_sampler_only_line_by_line(corpus_file, tiny_model_dir, tmp_path):
-    common = dict(
-        train_files=[str(corpus_file)],
-        tokenizer_name_or_path=str(tiny_model_dir),
-        max_seq_length=64,
-        batch_size=8,
-        num_workers=0,
-        cache_dir=str(tmp_path / "cache"),
-    )
     for packing, grouped in ((False, True), (True, False)):
-        dm = MLMDataModule(packing=packing, **common)
+        dm = make_datamodule(tiny_model_dir, corpus_file, tmp_path, packing=packing)
         dm.setup("fit")
         sampler = dm.train_dataloader().sampler
         assert isinstance(sampler, LengthGroupedEpochSampler) is grouped
         assert isinstance(sampler, EpochSampler)
-    dm = MLMDataModule(packing=False, group_by_length=False, **common)
+    dm = make_datamodule(tiny_model_dir, corpus_file, tmp_path, packing=False, group_by_length=False)
     dm.setup("fit")
     assert not isinstance(dm.train_dataloader().sampler, LengthGroupedEpochSampler)
 
@@ -175,29 +168,16 @@ def test_datamodule_picks_grouped_sampler_only_line_by_line(corpus_file, tiny_mo
 def test_throughput_logged_during_fit(corpus_file, tiny_model_dir, tmp_path):
     import csv
 
-    import lightning as L
     from lightning.pytorch.loggers import CSVLogger
 
     from mlm_adapt.throughput import MLMThroughputMonitor
 
-    dm = MLMDataModule(
-        train_files=[str(corpus_file)],
-        tokenizer_name_or_path=str(tiny_model_dir),
-        max_seq_length=64,
-        batch_size=8,
-        num_workers=0,
-        cache_dir=str(tmp_path / "cache"),
-    )
+    dm = make_datamodule(tiny_model_dir, corpus_file, tmp_path)
     module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
+    trainer = quiet_trainer(
         max_steps=6,
         log_every_n_steps=1,
         limit_val_batches=0,
-        num_sanity_val_steps=0,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
         logger=CSVLogger(tmp_path),
         callbacks=[MLMThroughputMonitor(window_size=3)],
     )
