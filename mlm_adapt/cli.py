@@ -37,6 +37,12 @@ class MLMAdaptCLI(LightningCLI):
         kwargs.setdefault("trainer_defaults", {"callbacks": default_callbacks()})
         super().__init__(MaskedLMModule, MLMDataModule, *args, **kwargs)
 
+    @staticmethod
+    @override
+    def subcommands() -> dict[str, set[str]]:
+        # A masked LM has no prediction loop here: fill-mask is the inference command.
+        return {k: v for k, v in LightningCLI.subcommands().items() if k != "predict"}
+
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("model.model_name_or_path", "data.tokenizer_name_or_path")

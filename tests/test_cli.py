@@ -169,3 +169,12 @@ def test_user_data_is_untouched_by_errors(fit_args, tmp_path, capsys):
     gbk.write_bytes(content)
     fails_with(fit_args(f"--data.train_files=[{gbk}]"), capsys)
     assert gbk.read_bytes() == content and Path(gbk).exists()
+
+
+def test_top_level_help_lists_trainer_and_extra_commands(capsys):
+    with pytest.raises(SystemExit):
+        MLMAdaptCLI(args=["--help"])
+    help_text = capsys.readouterr().out
+    assert "{fit,validate,test}" in help_text and "predict" not in help_text
+    for command in ("preview", "export", "fill-mask", "vocab", "plot"):
+        assert command in help_text
