@@ -44,6 +44,10 @@ def _arrow_sum(length_fn: Any, dataset: datasets.Dataset, column: str) -> int:
     return total
 
 
+def _drop_empty(dataset: datasets.Dataset, name: str) -> datasets.Dataset:
+    return dataset.filter(_is_non_empty, batched=True, desc=f"Dropping empty lines ({name})")
+
+
 def _tokenize_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, segmenter: Segmenter) -> dict:
     return tokenize_with_word_ids(batch["text"], tokenizer, segmenter)
 
@@ -300,9 +304,7 @@ class MLMDataModule(L.LightningDataModule):
     def _mix_general(self, train: datasets.Dataset) -> datasets.Dataset:
         """Interleaves general documents into ``train`` at ``mix_probability``, keeping every domain one."""
         hp = self.hparams
-        files = expand_files(hp.mix_files, "data.mix_files")
-        mix = load_files(files, "data.mix_files", hp.text_column, hp.cache_dir)
-        mix = mix.filter(_is_non_empty, batched=True, desc="Dropping empty lines (mix)")
+        mix = self._read_files("mix_files")
         wanted = round(len(train) * hp.mix_probability / (1 - hp.mix_probability))
         if len(mix) < wanted:
             rank_zero_warn(
@@ -318,29 +320,33 @@ class MLMDataModule(L.LightningDataModule):
             stopping_strategy="all_exhausted_without_replacement",
         )
 
+    def _read_files(self, key: str) -> datasets.Dataset:
+        """The documents of the files named by ``data.<key>``, empty lines dropped."""
+        hp = self.hparams
+        files = expand_files(hp[key], f"data.{key}")
+        return _drop_empty(load_files(files, f"data.{key}", hp.text_column, hp.cache_dir), key)
+
+    def train_documents(self) -> datasets.Dataset:
+        """The training corpus (files or Hub dataset) with empty lines dropped, before any split or mixing."""
+        hp = self.hparams
+        if hp.dataset_name:
+            train = load_hub(hp.dataset_name, hp.dataset_config, "train", hp.text_column, hp.cache_dir)
+            return _drop_empty(train, "train")
+        return self._read_files("train_files")
+
     def _load_raw(self) -> datasets.DatasetDict:
         hp = self.hparams
-        splits: dict[str, datasets.Dataset] = {}
-        if hp.dataset_name:
-            splits["train"] = load_hub(
-                hp.dataset_name, hp.dataset_config, "train", hp.text_column, hp.cache_dir
-            )
-            if not hp.validation_files:
-                with contextlib.suppress(MLMAdaptError):  # no validation split: hold one out below
-                    splits["validation"] = load_hub(
-                        hp.dataset_name, hp.dataset_config, "validation", hp.text_column, hp.cache_dir
-                    )
-        else:
-            files = expand_files(hp.train_files, "data.train_files")
-            splits["train"] = load_files(files, "data.train_files", hp.text_column, hp.cache_dir)
+        splits = {"train": self.train_documents()}
+        if hp.dataset_name and not hp.validation_files:
+            with contextlib.suppress(MLMAdaptError):  # no validation split: hold one out below
+                validation = load_hub(
+                    hp.dataset_name, hp.dataset_config, "validation", hp.text_column, hp.cache_dir
+                )
+                splits["validation"] = _drop_empty(validation, "validation")
         for split, key in (("validation", "validation_files"), ("test", "test_files")):
             if hp[key]:
-                files = expand_files(hp[key], f"data.{key}")
-                splits[split] = load_files(files, f"data.{key}", hp.text_column, hp.cache_dir)
-        for split in list(splits):
-            splits[split] = splits[split].filter(
-                _is_non_empty, batched=True, desc=f"Dropping empty lines ({split})"
-            )
+                splits[split] = self._read_files(key)
+        for split in splits:
             if len(splits[split]) == 0:
                 key = "data.train_files" if split == "train" else f"data.{split}_files"
                 raise MLMAdaptError(

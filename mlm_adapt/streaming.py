@@ -24,7 +24,7 @@ from datasets.distributed import split_dataset_by_node
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from mlm_adapt.corpus import BUILDERS, _text_only, expand_files, load_files
+from mlm_adapt.corpus import BUILDERS, _text_only, expand_files
 from mlm_adapt.errors import MLMAdaptError
 
 if TYPE_CHECKING:
@@ -189,8 +189,7 @@ def setup(dm: MLMDataModule) -> None:
     splits: dict[str, datasets.Dataset] = {}
     for split, key in (("validation", "validation_files"), ("test", "test_files")):
         if hp[key]:
-            files = expand_files(hp[key], f"data.{key}")
-            splits[split] = load_files(files, f"data.{key}", hp.text_column, hp.cache_dir)
+            splits[split] = dm._read_files(key)
     if "validation" in splits:
         dm.train_stream = split_text(raw, 0.0, hp.seed, held_out=False)
     else:

@@ -148,17 +148,6 @@ def write_user_dict(terms: Counter, path: str | Path) -> None:
     Path(path).write_text("".join(f"{w}\n" for w, _ in terms.most_common()), encoding="utf-8")
 
 
-def _domain_texts(hp) -> list[str]:
-    from mlm_adapt.corpus import expand_files, load_files, load_hub
-
-    if hp.dataset_name:
-        dataset = load_hub(hp.dataset_name, hp.dataset_config, "train", hp.text_column, hp.cache_dir)
-    else:
-        files = expand_files(hp.train_files, "data.train_files")
-        dataset = load_files(files, "data.train_files", hp.text_column, hp.cache_dir)
-    return [t for t in dataset["text"] if t and t.strip()]
-
-
 def _make_cli():
     from mlm_adapt.data import MLMDataModule
     from mlm_adapt.preview import PreviewCLI
@@ -199,7 +188,7 @@ def vocab_main(args: list[str]) -> None:
     cli = _make_cli()(args=args, run=False, save_config_callback=None)
     config, datamodule = cli.config, cli.datamodule
     hp = datamodule.hparams
-    texts = _domain_texts(hp)
+    texts = list(datamodule.train_documents()["text"])
     oov, unk_tokens, total = oov_characters(texts, datamodule.tokenizer)
     print(f"corpus: {len(texts):,} documents, {total:,} tokens; tokenizer {hp.tokenizer_name_or_path}")
     print(
