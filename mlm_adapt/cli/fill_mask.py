@@ -18,7 +18,7 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, P
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.checkpoints import load_checkpoint, module_from_checkpoint, tokenizer_for
-from mlm_adapt.text.tokens import join_tokens
+from mlm_adapt.text.vocabulary import join_pieces, piece_text
 
 MODES = {"none": "[MASK] attended", "zero": "[MASK] not attended"}
 
@@ -113,7 +113,7 @@ def predict(
     predictions = []
     for pos in positions:
         values, indices = probs[pos].topk(min(top_k, probs.shape[-1]))
-        tokens = tokenizer.convert_ids_to_tokens(indices.tolist())
+        tokens = [piece_text(tokenizer, i) for i in indices.tolist()]
         predictions.append(
             MaskPrediction(pos, [(t, v) for t, v in zip(tokens, values.tolist(), strict=True)])
         )
@@ -128,10 +128,12 @@ def predict(
             remaining.remove(best)
             if remaining:
                 step_probs = _probs(model, ids, attention(ids), banned)
-        tokens = tokenizer.convert_ids_to_tokens(ids.tolist())
-        word = join_tokens(tokens[run[0] : run[-1] + 1])
-        # The text with this run filled in (other masks stay [MASK]), without [CLS]/[SEP].
-        filled = join_tokens([t for t in tokens if t not in (tokenizer.cls_token, tokenizer.sep_token)])
+        filled_ids = ids.tolist()
+        # Decoded, not joined piece by piece: byte-level pieces of one character print as that character.
+        word = join_pieces(tokenizer, filled_ids[run[0] : run[-1] + 1])
+        # The text with this run filled in (other masks stay masks), without [CLS]/[SEP] (or <s>/</s>).
+        kept = [i for i in filled_ids if i == tokenizer.mask_token_id or i not in banned]
+        filled = join_pieces(tokenizer, kept)
         fillings.append(
             WordFilling(positions.index(run[0]), positions.index(run[-1]), word, filled, probability)
         )

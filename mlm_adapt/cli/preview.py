@@ -16,16 +16,19 @@ from typing_extensions import override
 
 from mlm_adapt.cli.fit import MLMAdaptCLI
 from mlm_adapt.data import MLMDataModule
-from mlm_adapt.text.tokens import join_tokens
+from mlm_adapt.text.vocabulary import join_pieces, piece_text
 
 
 def batch_examples(batch: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase) -> Iterator[dict]:
-    """Splits a collated batch into JSON-ready examples (``word_ids`` null on special and pad tokens)."""
+    """Splits a collated batch into JSON-ready examples (``word_ids`` null on special and pad tokens).
+
+    ``tokens`` are readable pieces (:func:`~mlm_adapt.text.vocabulary.piece_text`: ``是``, not ``æĺ¯``).
+    """
     for row in range(batch["input_ids"].shape[0]):
         input_ids = batch["input_ids"][row].tolist()
         word_ids = batch["word_ids"][row].tolist()
         yield {
-            "tokens": tokenizer.convert_ids_to_tokens(input_ids),
+            "tokens": [piece_text(tokenizer, i) for i in input_ids],
             "input_ids": input_ids,
             "attention_mask": batch["attention_mask"][row].tolist(),
             "labels": batch["labels"][row].tolist(),
@@ -43,12 +46,13 @@ def render_text(example: dict, tokenizer: PreTrainedTokenizerBase) -> str:
             words[-1][1].append(pos)
         else:
             words.append((word, [pos]))
-    labels, seen = example["labels"], example["tokens"]
+    labels, seen = example["labels"], example["input_ids"]
     parts, n_masked_words, n_masked = [], 0, 0
     for _, positions in words:
-        shown = join_tokens([seen[p] for p in positions])
+        # Decoded per word, so byte-level pieces of one character print as that character.
+        shown = join_pieces(tokenizer, [seen[p] for p in positions])
         if any(labels[p] != -100 for p in positions):
-            original = join_tokens(tokenizer.convert_ids_to_tokens([labels[p] for p in positions]))
+            original = join_pieces(tokenizer, [labels[p] for p in positions])
             parts.append(f"【{original}→{shown}】")
             n_masked_words += 1
             n_masked += len(positions)

@@ -1,19 +1,15 @@
-"""Loading a masked LM: refuse decoder checkpoints, split off its vocabulary head, add new tokens."""
+"""Loading a masked LM: refuse decoder checkpoints, add new tokens (the head split is in ``heads``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import torch
-from torch import nn
 from transformers import AutoConfig, AutoModelForMaskedLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.tokenizer import extend_tokenizer
 
-# Attribute names of the vocabulary-projection head in Hugging Face masked-LM classes (BERT, RoBERTa/XLM-R,
-# ALBERT, DeBERTa-v2). The head maps hidden states of any leading shape, so it can run on masked rows only.
-_HEAD_NAMES = ("cls", "lm_head", "predictions", "lm_predictions")
 _CAUSAL_SUFFIXES = ("LMHeadModel", "ForCausalLM")
 
 
@@ -52,16 +48,6 @@ def load_masked_lm(
                 "mlm_adapt adapts BERT-family masked language models"
             ) from None
         raise
-
-
-def split_head(model: PreTrainedModel) -> tuple[nn.Module, nn.Module] | None:
-    """``(encoder, vocabulary head)`` of a masked LM, or ``None`` when its head is not known."""
-    encoder = getattr(model, model.base_model_prefix, None)
-    for name in _HEAD_NAMES:
-        head = getattr(model, name, None)
-        if isinstance(head, nn.Module) and encoder is not None:
-            return encoder, head
-    return None
 
 
 def extend_embeddings(
