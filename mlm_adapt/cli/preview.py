@@ -52,7 +52,10 @@ def render_text(example: dict, tokenizer: PreTrainedTokenizerBase) -> str:
         # Decoded per word, so byte-level pieces of one character print as that character.
         shown = join_pieces(tokenizer, [seen[p] for p in positions])
         if any(labels[p] != -100 for p in positions):
-            original = join_pieces(tokenizer, [labels[p] for p in positions])
+            # A unit may hold a never-predicted special token (<unk>): it is shown as it is.
+            original = join_pieces(
+                tokenizer, [labels[p] if labels[p] != -100 else seen[p] for p in positions]
+            )
             parts.append(f"【{original}→{shown}】")
             n_masked_words += 1
             n_masked += len(positions)

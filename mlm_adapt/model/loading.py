@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from transformers import AutoConfig, AutoModelForMaskedLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.tokenizer import extend_tokenizer
@@ -21,7 +23,8 @@ def load_masked_lm(
     Args:
         model_name_or_path: Hub name or local directory.
         pretrained: Load the weights (``False``: random init from the config, i.e. pretraining from scratch).
-        attn_implementation: ``sdpa``, ``eager`` or ``None`` for the library default.
+        attn_implementation: ``sdpa``, ``eager`` or ``None`` for the library default; ``sdpa`` falls back to
+            the default (with an info line) for a model class without SDPA support (DeBERTa-v2).
     """
     key = "model.model_name_or_path"
     try:
@@ -35,6 +38,14 @@ def load_masked_lm(
             f"({', '.join(architectures) or 'is_decoder=True'}); "
             "its loss shifts labels by one position. Use a masked-LM checkpoint (e.g. BertForMaskedLM)"
         )
+    if attn_implementation == "sdpa" and not getattr(
+        MODEL_FOR_MASKED_LM_MAPPING.get(type(config), None), "_supports_sdpa", True
+    ):
+        # DeBERTa-v2/v3 has no SDPA kernel in transformers: its own (eager) attention is the only one.
+        rank_zero_info(
+            f"model.attn_implementation: {config.model_type} has no SDPA attention; using its default instead"
+        )
+        attn_implementation = None
     try:
         if pretrained:
             return AutoModelForMaskedLM.from_pretrained(

@@ -75,3 +75,12 @@ def test_unknown_head_falls_back_with_one_info_line(caplog):
         assert split_head(Unknown()) is None
     lines = [r.getMessage() for r in caplog.records if "masked_only_head" in r.getMessage()]
     assert len(lines) == 1 and "Unknown" in lines[0] and "full logits" in lines[0]
+
+
+def test_a_model_without_sdpa_loads_with_its_own_attention():
+    from mlm_adapt.model.loading import load_masked_lm
+
+    # model.attn_implementation defaults to sdpa, which DeBERTa-v2 lacks: loading used to fail.
+    model = load_masked_lm(str(family_dir("deberta")), attn_implementation="sdpa")
+    assert model.config._attn_implementation == "eager"
+    assert load_masked_lm(str(family_dir("bert"))).config._attn_implementation == "sdpa"
