@@ -124,3 +124,20 @@ def user_message(exc: BaseException) -> tuple[str, int] | None:
     if isinstance(exc, OSError) and exc.filename and exc.strerror:
         return f"{exc.strerror}: {os.fspath(exc.filename)}", 1
     return None
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether a model name is meant as a local path rather than a Hub id (``NAME`` or ``ORG/NAME``)."""
+    return name.startswith((".", "/", "~", "\\")) or name.count("/") > 1 or "\\" in name or ":" in name
+
+
+def check_model_path(name: str, key: str) -> None:
+    """Refuses a local model path that does not exist, before ``from_pretrained`` tries the Hub with it.
+
+    Args:
+        name: A Hub id or a local directory.
+        key: The option that named it, for the message.
+    """
+    path = os.path.expanduser(name)
+    if looks_like_path(name) and not os.path.exists(path):
+        raise MLMAdaptError(f"{key}: {name} does not exist; check the path (a save_pretrained directory)")

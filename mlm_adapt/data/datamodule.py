@@ -133,6 +133,10 @@ class MLMDataModule(L.LightningDataModule):
             raise MLMAdaptError(
                 f"data.max_seq_length={max_seq_length} is too short; use at least 8 (e.g. 512)"
             )
+        sizes = {"batch_size": 1, "eval_batch_size": 1, "num_workers": 0, "preprocessing_num_workers": 1}
+        for key, least in sizes.items():  # torch and datasets would refuse them only after preprocessing
+            if self.hparams[key] is not None and self.hparams[key] < least:
+                raise MLMAdaptError(f"data.{key}={self.hparams[key]} must be at least {least}")
         if not 0.0 <= mix_probability < 1.0:
             raise MLMAdaptError(f"data.mix_probability={mix_probability} must be in [0, 1), e.g. 0.2")
         if mix_probability > 0 and not mix_files:
@@ -296,14 +300,15 @@ class MLMDataModule(L.LightningDataModule):
     def _setup_streaming(self) -> None:
         """``setup`` for ``streaming=True``: opens the training stream, loads validation/test in memory."""
         hp = self.hparams
+        files = [] if hp.dataset_name else expand_files(hp.train_files, "data.train_files")
         if hp.dataset_name:
             documents = load_hub_stream(hp.dataset_name, hp.dataset_config, hp.text_column)
         else:
-            files = expand_files(hp.train_files, "data.train_files")
             documents = load_stream(files, "data.train_files", hp.text_column)
         splits = {split: self._read_files(key) for split, key in self._EVAL_FILES if hp[key]}
         hold_out = "validation" not in splits
-        self.train_stream = StreamingCorpus(documents, hp.validation_split if hold_out else 0.0, hp.seed)
+        fraction = hp.validation_split if hold_out else 0.0
+        self.train_stream = StreamingCorpus(documents, fraction, hp.seed, files)
         if hold_out:
             splits["validation"] = self.train_stream.validation_documents(hp.streaming_validation_documents)
         blocks = self._preprocess(datasets.DatasetDict(splits))
@@ -383,7 +388,7 @@ class MLMDataModule(L.LightningDataModule):
         return self._loader(dataset, hp.batch_size, sampler, stateful=True, collator=self.train_collator)
 
     def _eval_batch_size(self) -> int:
-        return self.hparams.eval_batch_size or self.hparams.batch_size
+        return self.hparams.eval_batch_size or self.hparams.batch_size  # never 0: refused in __init__
 
     @override
     def val_dataloader(self) -> DataLoader:
