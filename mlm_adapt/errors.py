@@ -13,10 +13,14 @@ from collections.abc import Iterator
 from types import TracebackType
 
 DEBUG_ENV = "MLM_ADAPT_DEBUG"
-DEBUG_HINT = f"rerun with --debug (or {DEBUG_ENV}=1) for the traceback"
+DEBUG_HINT = f"rerun with --debug or {DEBUG_ENV}=1 for the traceback"
 
 # Exception classes (by name, anywhere in the MRO) whose message is meant for the user as it stands.
 _CONFIG_ERRORS = ("MisconfigurationException",)
+# Lightning checks its arguments with these too (a strategy that needs a GPU, a val_check_interval longer
+# than the epoch, a --ckpt_path that does not exist): user errors when Lightning's own code raised them.
+_LIGHTNING_ARGUMENT_ERRORS = (ValueError, FileNotFoundError)
+_LIGHTNING_PACKAGES = ("lightning", "lightning_fabric", "pytorch_lightning")
 _RESOURCE_ERRORS = ("OutOfMemoryError",)
 # Local variables that name the file being written, most specific first: what a full disk is reported on
 # when the writer (torch.save, fsspec, safetensors, pyarrow) does not say it.
@@ -86,6 +90,16 @@ def written_path(exc: BaseException) -> str | None:
     return None
 
 
+def _raised_by_lightning(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    module = str(tb.tb_frame.f_globals.get("__name__", ""))
+    return module.split(".")[0] in _LIGHTNING_PACKAGES
+
+
 def _type_names(exc: BaseException) -> set[str]:
     return {cls.__name__ for cls in type(exc).__mro__}
 
@@ -106,9 +120,10 @@ def _first_line(text: str) -> str:
 def user_message(exc: BaseException) -> tuple[str, int] | None:
     """The one line (and exit status) the CLI prints for ``exc``, or ``None`` if it is a bug (traceback).
 
-    ``MLMAdaptError`` and Lightning's ``MisconfigurationException`` are configuration errors (status 2); a
-    full disk, out of memory and a file the system refused to open or write are about the machine (status
-    1). Anything else is not the user's doing and keeps its traceback.
+    ``MLMAdaptError``, Lightning's ``MisconfigurationException`` and the ``ValueError``/``FileNotFoundError``
+    Lightning raises about its arguments are configuration errors (status 2); a full disk, out of memory
+    and a file the system refused to open or write are about the machine (status 1). Anything else is not
+    the user's doing and keeps its traceback.
     """
     names = _type_names(exc)
     if isinstance(exc, MLMAdaptError):
@@ -118,6 +133,8 @@ def user_message(exc: BaseException) -> tuple[str, int] | None:
         where = f" writing {path}" if path else ""
         return f"no space left on device{where}; free some space there or write elsewhere", 1
     if names & set(_CONFIG_ERRORS):
+        return _first_line(str(exc)), 2
+    if isinstance(exc, _LIGHTNING_ARGUMENT_ERRORS) and _raised_by_lightning(exc):
         return _first_line(str(exc)), 2
     if names & set(_RESOURCE_ERRORS):
         return f"{_first_line(str(exc))} (lower data.batch_size or data.max_seq_length)", 1

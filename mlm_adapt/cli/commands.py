@@ -77,6 +77,10 @@ def main(args: list[str] | None = None) -> None:
         if from_argv:
             sys.argv[1:] = args  # LightningCLI parses sys.argv itself (see _fit_cli)
     if args and args[0] in COMMANDS:
+        if from_argv:
+            # The command gets its arguments explicitly; the LightningCLI-based ones (preview, vocab) would
+            # otherwise warn that sys.argv holds arguments as well.
+            sys.argv[1:] = []
         _run(COMMANDS[args[0]].run, args[1:])
     else:
         _run(_fit_cli, args)
