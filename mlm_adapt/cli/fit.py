@@ -56,7 +56,7 @@ class MLMAdaptCLI(LightningCLI):
         # The shipped configs list a progress bar and a LearningRateMonitor; --trainer.enable_progress_bar
         # false (what cluster jobs pass) and --trainer.logger false then mean "without them", not a
         # MisconfigurationException.
-        trainer_config = self.config_init[self.subcommand]["trainer"]
+        trainer_config = self._get(self.config_init, "trainer", default={})
         trainer_config["callbacks"] = without_disabled(
             trainer_config.get("callbacks"),
             progress_bar=trainer_config.get("enable_progress_bar") is not False,
