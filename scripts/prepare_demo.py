@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from importlib.resources import files
 from pathlib import Path
 
-from mlm_adapt.tiny import build_tiny_bert
+from mlm_adapt.model.tiny import build_tiny_bert
 
 # People's Daily part-of-speech tags that name entities, and their BIO types.
 ENTITY_TYPES = {"nr": "PER", "ns": "LOC", "nt": "ORG"}
