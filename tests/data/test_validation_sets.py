@@ -90,3 +90,16 @@ def test_missing_file_of_a_named_set_names_its_key(tiny_model_dir, corpus_file, 
 def test_forgetting_warning_must_be_positive(tiny_model_dir, corpus_file, tmp_path):
     with pytest.raises(MLMAdaptError, match=r"data\.forgetting_warning"):
         make_datamodule(tiny_model_dir, corpus_file, tmp_path, forgetting_warning=0.0)
+
+
+def test_streaming_keeps_every_named_set_in_memory(tiny_model_dir, corpus_file, general_file, tmp_path):
+    files = {"domain": None, "general": [str(general_file)]}
+    streamed = make_datamodule(
+        tiny_model_dir, corpus_file, tmp_path, streaming=True, validation_split=0.1, validation_files=files
+    )
+    streamed.setup("fit")
+    assert list(streamed.val_datasets) == ["domain", "general"] and len(streamed.val_datasets["domain"]) > 0
+    assert len(streamed.val_dataloader()) == 2
+    in_memory = make_datamodule(tiny_model_dir, corpus_file, tmp_path, validation_files=files)
+    in_memory.setup("fit")
+    assert streamed.val_datasets["general"]["input_ids"] == in_memory.val_datasets["general"]["input_ids"]

