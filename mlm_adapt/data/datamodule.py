@@ -10,13 +10,13 @@ import datasets
 import lightning as L
 import pyarrow.compute as pc
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
-from mlm_adapt.data.preprocess import is_non_empty, to_blocks
+from mlm_adapt.data.preprocess import is_non_empty, mix_documents, to_blocks
 from mlm_adapt.data.samplers import KeyedDataset, train_sampler
 from mlm_adapt.data.streaming import StreamingCorpus, load_hub_stream, load_stream
 from mlm_adapt.data.validation_sets import ValidationFiles, ValidationSets, check_forgetting_warning
@@ -201,21 +201,7 @@ class MLMDataModule(L.LightningDataModule):
     def _mix_general(self, train: datasets.Dataset) -> datasets.Dataset:
         """Interleaves general documents into ``train`` at ``mix_probability``, keeping every domain one."""
         hp = self.hparams
-        mix = self._read_files("mix_files")
-        wanted = round(len(train) * hp.mix_probability / (1 - hp.mix_probability))
-        if len(mix) < wanted:
-            rank_zero_warn(
-                f"data.mix_files: {len(mix)} documents, fewer than the {wanted} that data.mix_probability="
-                f"{hp.mix_probability} asks for; all of them are mixed in"
-            )
-        mix = mix.shuffle(seed=hp.seed).select(range(min(wanted, len(mix))))
-        # Without replacement: every document of both sources appears exactly once, in a seeded interleaving.
-        return datasets.interleave_datasets(
-            [train, mix],
-            probabilities=[1 - hp.mix_probability, hp.mix_probability],
-            seed=hp.seed,
-            stopping_strategy="all_exhausted_without_replacement",
-        )
+        return mix_documents(train, self._read_files("mix_files"), hp.mix_probability, hp.seed)
 
     def _read_files(self, key: str, files: list[str] | None = None) -> datasets.Dataset:
         """The documents of ``files`` (default: ``data.<key>``), empty lines dropped; errors name ``key``."""
