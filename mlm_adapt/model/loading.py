@@ -9,7 +9,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from transformers import AutoConfig, AutoModelForMaskedLM, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
 
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import MLMAdaptError, check_model_path
 from mlm_adapt.text.tokenizer import extend_tokenizer
 
 _CAUSAL_SUFFIXES = ("LMHeadModel", "ForCausalLM")
@@ -27,6 +27,7 @@ def load_masked_lm(
             the default (with an info line) for a model class without SDPA support (DeBERTa-v2).
     """
     key = "model.model_name_or_path"
+    check_model_path(model_name_or_path, key)
     try:
         config = AutoConfig.from_pretrained(model_name_or_path)
     except Exception as exc:
