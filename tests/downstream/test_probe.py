@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import task
+from task_files import ner_files, sentiment_files, task, write_jsonl
 from transformers import AutoModelForMaskedLM
 
 from mlm_adapt.downstream import TaskEvaluator, load_task
@@ -13,10 +13,12 @@ from mlm_adapt.downstream.scores import entity_spans
 
 
 def test_probe_reaches_high_accuracy_on_a_separable_task_through_a_saved_model(
-    tiny_model_dir, tokenizer, sentiment_files
+    tiny_model_dir, tokenizer, tmp_path
 ):
     model = AutoModelForMaskedLM.from_pretrained(tiny_model_dir).train()
-    evaluator = TaskEvaluator(load_task(task("sentiment", sentiment_files), 0), tokenizer, max_length=64)
+    evaluator = TaskEvaluator(
+        load_task(task("sentiment", sentiment_files(tmp_path)), 0), tokenizer, max_length=64
+    )
     scores, spread = evaluator.linear_probe(model, bootstrap=50)
     assert scores["accuracy"] >= 0.95
     assert scores["macro_f1"] >= 0.95
@@ -54,8 +56,6 @@ def test_word_labels_sit_on_the_first_sub_token_and_long_examples_overflow(token
 
 
 def test_pair_task_encodes_both_texts_with_segments_and_scores(tiny_model_dir, tokenizer, tmp_path):
-    from conftest import write_jsonl
-
     rows = [
         {"premise": "我很喜欢", "hypothesis": "我喜欢" if i % 2 else "我讨厌", "y": i % 2} for i in range(40)
     ]
@@ -72,8 +72,8 @@ def test_pair_task_encodes_both_texts_with_segments_and_scores(tiny_model_dir, t
     assert scores["accuracy"] == 1.0  # the pair's second text alone decides the label
 
 
-def test_ner_probe_scores_entities(tiny_model_dir, tokenizer, ner_files):
-    loaded = load_task(task("ner", ner_files, type="token_classification"), 0)
+def test_ner_probe_scores_entities(tiny_model_dir, tokenizer, tmp_path):
+    loaded = load_task(task("ner", ner_files(tmp_path), type="token_classification"), 0)
     assert loaded.label_names[0] == "O"
     model = AutoModelForMaskedLM.from_pretrained(tiny_model_dir)
     scores, spread = TaskEvaluator(loaded, tokenizer, 64).linear_probe(model, bootstrap=20)
@@ -90,3 +90,17 @@ def test_entity_spans_follow_bio_rules():
         ("PER", 4, 5),
         ("PER", 5, 6),
     }
+
+
+def test_finetune_of_a_copy_learns_the_task_and_leaves_the_model_alone(tiny_model_dir, tokenizer, tmp_path):
+    model = AutoModelForMaskedLM.from_pretrained(tiny_model_dir)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    evaluator = TaskEvaluator(load_task(task("sentiment", sentiment_files(tmp_path)), 0), tokenizer, 64)
+    mean, std = evaluator.finetune(model, seeds=2, steps=60, lr=2e-3, batch_size=16)
+    assert mean["accuracy"] >= 0.9 and set(std) == {"accuracy", "macro_f1"}
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    ner = TaskEvaluator(
+        load_task(task("ner", ner_files(tmp_path), type="token_classification"), 0), tokenizer, 64
+    )
+    mean, _ = ner.finetune(model, seeds=1, steps=60, lr=2e-3, batch_size=16)
+    assert mean["f1"] >= 0.9

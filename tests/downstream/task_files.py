@@ -1,12 +1,10 @@
-"""Labelled task files for the downstream tests: synthetic separable sentiment, pairs and BIO tags."""
+"""Labelled task files for the downstream tests (in a test's tmp dir): separable sentiment, BIO tags."""
 
 from __future__ import annotations
 
 import json
 import random
 from pathlib import Path
-
-import pytest
 
 POSITIVE, NEGATIVE, FILLER = "好棒喜欢满意赞", "差坏糟失望烂贵", "的了是我这个书房间"
 
@@ -29,8 +27,8 @@ def separable_rows(n: int, seed: int) -> list[dict]:
     return rows
 
 
-@pytest.fixture
-def sentiment_files(tmp_path) -> tuple[Path, Path]:
+def sentiment_files(tmp_path: Path) -> tuple[Path, Path]:
+    """Separable train/test jsonl files (``text``, ``label``) in ``tmp_path``."""
     return (
         write_jsonl(tmp_path / "sent_train.jsonl", separable_rows(240, 0)),
         write_jsonl(tmp_path / "sent_test.jsonl", separable_rows(120, 1)),
@@ -58,8 +56,8 @@ def ner_rows(n: int, seed: int) -> list[dict]:
     return rows
 
 
-@pytest.fixture
-def ner_files(tmp_path) -> tuple[Path, Path]:
+def ner_files(tmp_path: Path) -> tuple[Path, Path]:
+    """BIO train/test jsonl files (``tokens``, ``tags``) in ``tmp_path``."""
     return (
         write_jsonl(tmp_path / "ner_train.jsonl", ner_rows(120, 0)),
         write_jsonl(tmp_path / "ner_test.jsonl", ner_rows(60, 1)),
@@ -67,4 +65,5 @@ def ner_files(tmp_path) -> tuple[Path, Path]:
 
 
 def task(name: str, files: tuple[Path, Path], **extra) -> dict:
+    """A ``downstream.tasks`` entry."""
     return {"name": name, "train_files": [str(files[0])], "test_files": [str(files[1])], **extra}
