@@ -15,8 +15,9 @@ from typing_extensions import override
 
 from mlm_adapt.downstream.evaluate import Method, TaskEvaluator
 from mlm_adapt.downstream.features import Pooling
-from mlm_adapt.downstream.tasks import load_task
+from mlm_adapt.downstream.tasks import load_task, parse_task
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.text.corpus import expand_files
 
 PREFIX = "downstream"
 
@@ -84,7 +85,10 @@ class DownstreamEvaluation(L.Callback):
             raise MLMAdaptError(f"downstream.method={method!r}; use linear_probe or finetune")
         if seeds < 1:
             raise MLMAdaptError(f"downstream.seeds={seeds} must be at least 1")
-        self.tasks = list(tasks or [])
+        self.tasks = [parse_task(entry, i) for i, entry in enumerate(tasks or [])]
+        for i, entry in enumerate(self.tasks):  # missing files fail now, not after the corpus is prepared
+            expand_files(entry.train_files, f"downstream.tasks[{i}].train_files")
+            expand_files(entry.test_files, f"downstream.tasks[{i}].test_files")
         self.method = method
         self.seeds = seeds
         self.layers = list(layers) if layers else [-1]
@@ -101,6 +105,13 @@ class DownstreamEvaluation(L.Callback):
         self.cache_dir = cache_dir
         self.evaluators: list[TaskEvaluator] = []
         self.results: dict[int, dict[str, float]] = {}  # global step -> logged metrics
+        self._logged_directly: set[int] = set()  # steps logged outside a validation pass
+
+    @property
+    @override
+    def state_key(self) -> str:
+        # Several evaluations may run side by side (e.g. a probe and a fine-tune): one state each.
+        return self._generate_state_key(tasks=[t.name for t in self.tasks], method=self.method)
 
     def _tokenizer(self, trainer: L.Trainer, pl_module: L.LightningModule) -> PreTrainedTokenizerBase:
         tokenizer = getattr(trainer.datamodule, "tokenizer", None) if trainer.datamodule else None
@@ -199,25 +210,36 @@ class DownstreamEvaluation(L.Callback):
         unadapted ones (step 0) and the final ones only."""
         if self.method == "linear_probe" or trainer.global_step == 0 or trainer.state.fn != "fit":
             return True
-        return trainer.global_step >= trainer.max_steps > 0 or trainer.global_step in self.results
+        return trainer.fit_loop.done or trainer.should_stop or trainer.global_step in self.results
 
     @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.evaluators or trainer.sanity_checking or not self._due(trainer):
             return
-        pl_module.log_dict(self._run(trainer, pl_module), sync_dist=True)
+        step = trainer.global_step
+        metrics = self._run(trainer, pl_module)
+        if (
+            step in self._logged_directly
+        ):  # already in the loggers: only let this validation's readers see them
+            trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
+        else:
+            pl_module.log_dict(metrics, sync_dist=True)
 
     def _log_outside_validation(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.evaluators or trainer.global_step in self.results:
             return
         metrics = self._run(trainer, pl_module)
+        self._logged_directly.add(trainer.global_step)
         trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
 
     @override
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Step 0: the unadapted weights, unless a validation at step 0 already scored them.
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        # Step 0: the unadapted weights, unless a validation at step 0 (the CLI's before/after baseline)
+        # already scored them. Before the first step rather than in on_train_start, as that baseline.
         if trainer.global_step == 0:
             self._log_outside_validation(trainer, pl_module)
 

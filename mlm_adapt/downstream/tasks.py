@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 import datasets
 
-from mlm_adapt.corpus import BUILDERS, expand_files, find_non_utf8_line
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.text.corpus import BUILDERS, expand_files, find_non_utf8_line
 
 TaskType = Literal["sequence_classification", "token_classification"]
 

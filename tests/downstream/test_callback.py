@@ -7,7 +7,7 @@ import csv
 import pytest
 import torch
 from conftest import make_datamodule, quiet_trainer
-from task_files import ner_files, sentiment_files, task
+from task_files import ner_files, sentiment_files, task, write_jsonl
 
 from mlm_adapt import MaskedLMModule
 from mlm_adapt.downstream import DownstreamEvaluation
@@ -88,10 +88,13 @@ def test_finetune_runs_at_step_0_and_after_training_only(tiny_model_dir, corpus_
 
 
 def test_bad_task_fails_before_training(tiny_model_dir, corpus_file, tmp_path):
-    callback = DownstreamEvaluation(
-        tasks=[{"name": "s", "train_files": ["missing.jsonl"], "test_files": ["x"]}]
-    )
+    # A missing file fails when the callback is made (before the corpus is prepared)...
     with pytest.raises(MLMAdaptError, match=r"downstream.tasks\[0\].train_files"):
-        _fit(tiny_model_dir, corpus_file, tmp_path, callback)
+        DownstreamEvaluation(tasks=[{"name": "s", "train_files": ["missing.jsonl"], "test_files": ["x"]}])
     with pytest.raises(MLMAdaptError, match="downstream.method"):
         DownstreamEvaluation(method="probe")
+    # ... bad content when fit sets up, before the first step.
+    one_class = write_jsonl(tmp_path / "one.jsonl", [{"text": "好", "label": "pos"}] * 3)
+    callback = DownstreamEvaluation(tasks=[task("s", (one_class, one_class))])
+    with pytest.raises(MLMAdaptError, match=r"downstream.tasks\[0\].label_column: .* one label only"):
+        _fit(tiny_model_dir, corpus_file, tmp_path, callback)

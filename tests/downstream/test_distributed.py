@@ -24,7 +24,6 @@ def test_ddp_ranks_log_the_single_device_scores(tiny_model_dir, corpus_file, tmp
         task("ner", ner_files(tmp_path), type="token_classification"),
     ]
     options = {"tasks": tasks, "bootstrap": 20}
-    evaluation = json.dumps({"class_path": "mlm_adapt.downstream.DownstreamEvaluation", "init_args": options})
     out = tmp_path / "ranks"
     result = run_cli(
         "fit",
@@ -36,7 +35,8 @@ def test_ddp_ranks_log_the_single_device_scores(tiny_model_dir, corpus_file, tmp
             "--trainer.strategy=ddp",
             "--trainer.max_steps=4",
             "--trainer.val_check_interval=4",
-            f"--trainer.callbacks+={evaluation}",
+            f"--downstream.tasks={json.dumps(tasks)}",
+            "--downstream.bootstrap=20",
             "--trainer.callbacks+=tests.downstream.rank_metrics.RankMetrics",
             f"--trainer.callbacks.out_dir={out}",
             f"--export.output_dir={tmp_path / 'export'}",
