@@ -105,7 +105,8 @@ class DownstreamEvaluation(L.Callback):
         self.cache_dir = cache_dir
         self.evaluators: list[TaskEvaluator] = []
         self.results: dict[int, dict[str, float]] = {}  # global step -> logged metrics
-        self._logged_directly: set[int] = set()  # steps logged outside a validation pass
+        # Steps scored outside a validation pass (step 0 before the baseline validation, a fine-tune's end).
+        self.outside_validation: set[int] = set()
 
     @property
     @override
@@ -219,7 +220,7 @@ class DownstreamEvaluation(L.Callback):
         step = trainer.global_step
         metrics = self._run(trainer, pl_module)
         if (
-            step in self._logged_directly
+            step in self.outside_validation
         ):  # already in the loggers: only let this validation's readers see them
             trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
         else:
@@ -229,7 +230,7 @@ class DownstreamEvaluation(L.Callback):
         if not self.evaluators or trainer.global_step in self.results:
             return
         metrics = self._run(trainer, pl_module)
-        self._logged_directly.add(trainer.global_step)
+        self.outside_validation.add(trainer.global_step)
         trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
