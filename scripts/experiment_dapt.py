@@ -242,6 +242,8 @@ def run_downstream(results: dict, tasks: list[dict], a: argparse.Namespace) -> N
         for variant, options in downstream_variants(a).items():
             if variant in down.get(model, {}) or not (path / "config.json").exists():
                 continue
+            if variant == "probe_layers" and model not in a.layer_probe_models:
+                continue
             in_run = results["adapt"].get(model, {}).get("in_run")
             if variant == "probe" and in_run:  # the fit's callback already probed the final weights
                 down.setdefault(model, {})[variant] = in_run["after"]
@@ -320,6 +322,12 @@ def main() -> None:
     parser.add_argument("--finetune_steps", type=int, default=100)
     parser.add_argument("--finetune_lr", type=float, default=1e-3)
     parser.add_argument("--seeds", type=int, default=3, help="Fine-tuning seeds per model and task.")
+    parser.add_argument(
+        "--layer_probe_models",
+        nargs="*",
+        default=["random init", "general", "wwm", "token", "mix"],
+        help="Models also probed on every layer (a diagnosis; each costs about a minute).",
+    )
     parser.add_argument("--no_downstream", action="store_true", help="Masked-LM metrics only (the old run).")
     a = parser.parse_args()
     if a.quick:
