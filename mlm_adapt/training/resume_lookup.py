@@ -118,3 +118,47 @@ def conflict_message(checkpoint: str | Path, conflicts: list[str]) -> str:
         "fixed by the checkpoint: drop the changed flags to resume, or start a new run from an export "
         "(model.model_name_or_path=EXPORT_DIR) to train with them"
     )
+
+
+# Loggers that keep a run in <save_dir>/<name>/<version> (where ModelCheckpoint writes without dirpath).
+VERSIONED_LOGGERS = ("CSVLogger", "TensorBoardLogger")
+
+
+def _entries(value: Any) -> list[Any]:
+    if value is None or isinstance(value, bool):
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def versioned_logger_args(logger_config: Any) -> list[Any]:
+    """``init_args`` of the configured loggers that write versions (CSV, TensorBoard), in order.
+
+    Args:
+        logger_config: ``trainer.logger`` as parsed by LightningCLI (a ``class_path``/``init_args``
+            namespace, a list of them, ``True``/``False``/``None``).
+    """
+    found = []
+    for entry in _entries(logger_config):
+        class_path = str(getattr(entry, "class_path", ""))
+        init_args = getattr(entry, "init_args", None)
+        if class_path.rsplit(".", 1)[-1] in VERSIONED_LOGGERS and init_args is not None:
+            found.append(init_args)
+    return found
+
+
+def logger_root(init_args: Any, default_root_dir: str | Path) -> Path:
+    """``<save_dir>/<name>``: the directory holding a versioned logger's ``version_N`` directories."""
+    save_dir = Path(getattr(init_args, "save_dir", None) or default_root_dir)
+    name = getattr(init_args, "name", None)
+    return save_dir / name if name else save_dir
+
+
+def checkpoint_dirs(callbacks_config: Any) -> list[Path]:
+    """The ``dirpath`` of every configured ``ModelCheckpoint`` that has one (fixed directories)."""
+    dirs = []
+    for entry in _entries(callbacks_config):
+        if str(getattr(entry, "class_path", "")).endswith("ModelCheckpoint"):
+            dirpath = getattr(getattr(entry, "init_args", None), "dirpath", None)
+            if dirpath:
+                dirs.append(Path(dirpath))
+    return dirs
