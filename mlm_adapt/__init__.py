@@ -1,10 +1,18 @@
-"""mlm_adapt: domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family models."""
+"""mlm_adapt: domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family models.
+
+The packages follow the data flow, each importing only those before it:
+``text`` (corpus -> words -> tokens with word ids -> blocks) -> ``masking`` -> ``data`` (the DataModule) ->
+``model`` (the LightningModule, metrics, checkpoints) -> ``training`` (callbacks) -> ``export`` -> ``cli``.
+"""
 
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.legacy import install as _install_moved_modules
 from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.model import MaskedLMModule
-from mlm_adapt.segment import Segmenter
+from mlm_adapt.text.segment import Segmenter
 
 __all__ = ["MLMAdaptError", "MLMDataModule", "MaskedLMModule", "Segmenter", "WholeWordMaskCollator"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+_install_moved_modules()

@@ -28,7 +28,7 @@ def reviews() -> list[str]:
 
 def tiny_model(output_dir: str | Path, **sizes: int) -> Path:
     """A tiny random BERT with a Chinese character vocabulary built from all reviews (cached on disk)."""
-    from mlm_adapt.tiny import build_tiny_bert
+    from mlm_adapt.model.tiny import build_tiny_bert
 
     output_dir = Path(output_dir)
     if not (output_dir / "config.json").exists():

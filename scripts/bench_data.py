@@ -57,8 +57,8 @@ def _batched(fn, texts, batch_size=1000):
 def per_core(texts, tokenizer, rounds: int) -> list[list[object]]:
     import jieba
 
-    from mlm_adapt.segment import Segmenter
-    from mlm_adapt.text import _tokenize_split_words, tokenize_with_word_ids
+    from mlm_adapt.text.segment import Segmenter
+    from mlm_adapt.text.tokens import _tokenize_split_words, tokenize_with_word_ids
 
     jieba.setLogLevel(60)
     jieba_tok = jieba.Tokenizer()
@@ -106,8 +106,8 @@ def _naive_batch(batch, tokenizer):
 def all_cores(texts, tokenizer, model_dir) -> list[list[object]]:
     import datasets
 
-    from mlm_adapt.data import _tokenize_batch
-    from mlm_adapt.segment import Segmenter
+    from mlm_adapt.data.preprocess import _tokenize_batch
+    from mlm_adapt.text.segment import Segmenter
 
     datasets.disable_caching()
     datasets.disable_progress_bars()

@@ -97,10 +97,10 @@ def run(
     import lightning as L
     from transformers import AutoTokenizer
 
-    from mlm_adapt.data import EpochSampler
+    from mlm_adapt.data.samplers import EpochSampler
     from mlm_adapt.masking import WholeWordMaskCollator
     from mlm_adapt.model import MaskedLMModule
-    from mlm_adapt.throughput import mlm_flops
+    from mlm_adapt.model.throughput import mlm_flops
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     data = PackedBlocks(batch_size * (WARMUP + steps + 2), length)

@@ -139,7 +139,7 @@ def validate(module, val_file: Path, a: argparse.Namespace) -> dict[str, float]:
 
 def run_fit(name: str, args: list[str], paths: dict[str, Path], a: argparse.Namespace) -> tuple[dict, object]:
     """Runs ``fit`` through MLMAdaptCLI, then validates the final model on both validation files."""
-    from mlm_adapt.cli import MLMAdaptCLI
+    from mlm_adapt.cli.fit import MLMAdaptCLI
 
     print(f"\n=== {name}: python -m mlm_adapt fit {shlex.join(args)}", flush=True)
     start = time.perf_counter()
@@ -213,7 +213,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(a.threads)
-    from mlm_adapt.tiny import build_tiny_bert
+    from mlm_adapt.model.tiny import build_tiny_bert
 
     a.workdir = a.workdir.resolve()
     paths = prepare_data(a.workdir / "data", a.domain_docs, a.general_docs, a.val_docs, a.seed)

@@ -12,7 +12,7 @@ import argparse
 from importlib.resources import files
 from pathlib import Path
 
-from mlm_adapt.tiny import build_tiny_bert
+from mlm_adapt.model.tiny import build_tiny_bert
 
 
 def main() -> None:

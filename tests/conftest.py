@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlm_adapt.tiny import build_tiny_bert
+from mlm_adapt.model.tiny import build_tiny_bert
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,0 +1,47 @@
+"""``python -m mlm_adapt fit|validate|test``: the LightningCLI over the model, the data and the export."""
+
+from __future__ import annotations
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from typing_extensions import override
+
+from mlm_adapt.data import MLMDataModule
+from mlm_adapt.export import HFExport
+from mlm_adapt.model import MaskedLMModule
+from mlm_adapt.training import default_callbacks
+
+
+class MLMAdaptCLI(LightningCLI):
+    """LightningCLI with the tokenizer and sequence length linked from the model to the data."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault(
+            "parser_kwargs",
+            {
+                "prog": "python -m mlm_adapt",
+                "description": "Domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family "
+                "models.",
+            },
+        )
+        kwargs.setdefault("seed_everything_default", 42)
+        # The optimizer comes from model.optimizer, so the no-decay groups and schedule always apply.
+        kwargs.setdefault("auto_configure_optimizers", False)
+        # Persistent callbacks (appended to any configured ones): exact resume, global batch summary and the
+        # before/after validation.
+        kwargs.setdefault("trainer_defaults", {"callbacks": default_callbacks()})
+        super().__init__(MaskedLMModule, MLMDataModule, *args, **kwargs)
+
+    @staticmethod
+    @override
+    def subcommands() -> dict[str, set[str]]:
+        # A masked LM has no prediction loop here: fill-mask is the inference command.
+        return {k: v for k, v in LightningCLI.subcommands().items() if k != "predict"}
+
+    @override
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("model.model_name_or_path", "data.tokenizer_name_or_path")
+        parser.link_arguments("model.max_seq_length", "data.max_seq_length")
+        parser.link_arguments("model.new_tokens_file", "data.new_tokens_file")
+        # Always present (``export:`` in YAML, ``--export.*`` flags); ``export.enabled: false`` turns it off.
+        parser.add_lightning_class_args(HFExport, "export")

@@ -1,0 +1,394 @@
+"""The LightningDataModule: corpus -> jieba words -> tokens with word ids -> blocks -> whole-word masks."""
+
+from __future__ import annotations
+
+import contextlib
+from functools import cached_property
+from typing import Any
+
+import datasets
+import lightning as L
+import pyarrow.compute as pc
+import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.utils.data import DataLoader, Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+from transformers import PreTrainedTokenizerBase
+from typing_extensions import override
+
+from mlm_adapt.data.preprocess import is_non_empty, to_blocks
+from mlm_adapt.data.samplers import EpochSampler, KeyedDataset, LengthGroupedEpochSampler
+from mlm_adapt.data.streaming import StreamingCorpus, load_hub_stream, load_stream
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.masking import MaskingScheme, WholeWordMaskCollator
+from mlm_adapt.masking.sampler import check_probabilities
+from mlm_adapt.text.corpus import expand_files, load_files, load_hub
+from mlm_adapt.text.segment import Segmenter, SegmenterBackend
+from mlm_adapt.text.tokenizer import load_tokenizer
+
+
+def _arrow_sum(length_fn: Any, dataset: datasets.Dataset, column: str) -> int:
+    """Sum of per-row lengths of a column, chunk by chunk (respects the dataset's index mapping)."""
+    total = 0
+    for chunk in dataset.with_format("arrow").iter(batch_size=100_000):
+        total += int(pc.sum(length_fn(chunk[column])).as_py() or 0)
+    return total
+
+
+def _drop_empty(dataset: datasets.Dataset, name: str) -> datasets.Dataset:
+    return dataset.filter(is_non_empty, batched=True, desc=f"Dropping empty lines ({name})")
+
+
+class MLMDataModule(L.LightningDataModule):
+    """Chinese corpora for whole-word-masking MLM: loading, segmentation, tokenization, packing, masking.
+
+    Args:
+        train_files: Training files or globs: ``.txt`` (one document per line), ``.jsonl``/``.json``,
+            ``.csv`` or ``.parquet`` (text in ``text_column``).
+        validation_files: Validation files or globs; when absent, ``validation_split`` of the training
+            documents is held out.
+        validation_split: Seeded fraction of training documents held out for validation when no
+            ``validation_files`` are given (and the Hub dataset has no ``validation`` split).
+        test_files: Files for ``test``; the validation data is used when absent.
+        dataset_name: A dataset for ``datasets.load_dataset`` (Hub name or local dir) instead of files.
+        dataset_config: Its configuration name.
+        text_column: Column holding the text in json/csv/parquet files and datasets.
+        tokenizer_name_or_path: Tokenizer to use; linked from ``model.model_name_or_path`` by the CLI.
+        max_seq_length: Block length in tokens, ``[CLS]``/``[SEP]`` included; linked from the model by
+            the CLI.
+        packing: Concatenate documents into full ``max_seq_length`` blocks (no padding waste). With
+            ``false``, each line is its own example; a line longer than a block continues in the next one.
+        segmenter: Word segmenter backend: ``rjieba`` (fast) or ``jieba``; same dictionary, same words.
+        hmm: Let jieba's HMM join unknown characters into words (off: both backends agree exactly).
+        user_dict: A jieba user dictionary (``word [freq] [tag]`` per line) for domain terms.
+        mlm_probability: Expected fraction of maskable tokens to predict.
+        mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
+        random_replace_prob: Fraction of selected words replaced by random tokens (the rest stay unchanged).
+        masking: Training masking unit: ``whole_word`` (jieba words), ``ngram`` (MacBERT-style spans of 1-4
+            words at 40/30/20/10%) or ``token`` (every token alone: character masking, an ablation).
+            Validation and test always use whole-word masks, so metrics compare across schemes.
+        mix_files: General-domain text files mixed into the training documents to limit forgetting.
+        mix_probability: Fraction of training documents drawn from ``mix_files`` (0: no mixing). All
+            domain documents are kept; ``datasets.interleave_datasets`` adds general ones at this rate.
+        new_tokens_file: Tokens added to the tokenizer (one per line); linked from ``model.new_tokens_file``.
+        pad_to_multiple_of: Pad batches to a multiple of this length.
+        group_by_length: With ``packing: false``, batch lines of similar length together (mega-batches of
+            50 batches sorted by length), which removes most padding; every example keeps its masks.
+        batch_size: Training examples per batch and device.
+        eval_batch_size: Validation/test batch size (default: ``batch_size``).
+        num_workers: DataLoader worker processes.
+        preprocessing_num_workers: Processes for tokenization (``datasets.map`` ``num_proc``).
+        seed: Seed for the validation split, shuffling and masking.
+        cache_dir: Where ``datasets`` caches loaded and preprocessed data (default: its own cache).
+        streaming: Stream the training corpus (larger than memory or disk cache): nothing is cached,
+            each rank reads a disjoint part, and ``trainer.max_steps`` sets the length. Validation and test
+            data stay in memory (``validation_files`` or held-out documents of the stream).
+        shuffle_buffer_size: Streaming only: documents in the shuffle buffer (file order is shuffled too).
+        streaming_validation_documents: Streaming without ``validation_files``: how many held-out
+            documents (a ``validation_split`` fraction, chosen by a hash of the text) form the validation set.
+    """
+
+    def __init__(
+        self,
+        train_files: list[str] | None = None,
+        validation_files: list[str] | None = None,
+        validation_split: float = 0.05,
+        test_files: list[str] | None = None,
+        dataset_name: str | None = None,
+        dataset_config: str | None = None,
+        text_column: str = "text",
+        tokenizer_name_or_path: str = "hfl/chinese-bert-wwm-ext",
+        max_seq_length: int = 512,
+        packing: bool = True,
+        segmenter: SegmenterBackend = "rjieba",
+        hmm: bool = False,
+        user_dict: str | None = None,
+        mlm_probability: float = 0.15,
+        mask_replace_prob: float = 0.8,
+        random_replace_prob: float = 0.1,
+        masking: MaskingScheme = "whole_word",
+        mix_files: list[str] | None = None,
+        mix_probability: float = 0.0,
+        new_tokens_file: str | None = None,
+        pad_to_multiple_of: int = 8,
+        group_by_length: bool = True,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 2,
+        preprocessing_num_workers: int | None = None,
+        seed: int = 42,
+        cache_dir: str | None = None,
+        streaming: bool = False,
+        shuffle_buffer_size: int = 10_000,
+        streaming_validation_documents: int = 2_000,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        check_probabilities(mlm_probability, mask_replace_prob, random_replace_prob)
+        if not train_files and not dataset_name:
+            raise MLMAdaptError("data.train_files is empty; give text files or globs (or data.dataset_name)")
+        if not 0.0 <= validation_split < 1.0:
+            raise MLMAdaptError(f"data.validation_split={validation_split} must be in [0, 1), e.g. 0.05")
+        if max_seq_length < 8:
+            raise MLMAdaptError(
+                f"data.max_seq_length={max_seq_length} is too short; use at least 8 (e.g. 512)"
+            )
+        if not 0.0 <= mix_probability < 1.0:
+            raise MLMAdaptError(f"data.mix_probability={mix_probability} must be in [0, 1), e.g. 0.2")
+        if mix_probability > 0 and not mix_files:
+            raise MLMAdaptError("data.mix_probability > 0 needs data.mix_files (general-domain text files)")
+        if mix_probability > 0 and streaming:
+            raise MLMAdaptError(
+                "data.mix_files: mixing is not available with data.streaming; mix the files beforehand"
+            )
+        self.segmenter = Segmenter(segmenter, hmm=hmm, user_dict=user_dict)
+        self.train_dataset: datasets.Dataset | None = None
+        self.train_stream: StreamingCorpus | None = None
+        self.val_dataset: datasets.Dataset | None = None
+        self.test_dataset: datasets.Dataset | None = None
+        self.corpus_stats: dict[str, int] = {}
+
+    # Evaluation splits and the config keys of their files.
+    _EVAL_FILES = (("validation", "validation_files"), ("test", "test_files"))
+
+    @cached_property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The model's tokenizer (loaded on first use)."""
+        name = self.hparams.tokenizer_name_or_path
+        tokenizer = load_tokenizer(name, self.hparams.new_tokens_file)
+        if tokenizer.mask_token_id is None:
+            raise MLMAdaptError(
+                f"model.model_name_or_path: tokenizer of {name!r} has no mask token; "
+                "use a masked-LM (BERT-family) checkpoint"
+            )
+        return tokenizer
+
+    @cached_property
+    def collator(self) -> WholeWordMaskCollator:
+        """The whole-word-masking collator of validation and test (fixed masks, whatever ``masking`` is)."""
+        return self._make_collator("whole_word")
+
+    @cached_property
+    def train_collator(self) -> WholeWordMaskCollator:
+        """The training collator, masking ``data.masking`` units."""
+        masking = self.hparams.masking
+        return self.collator if masking == "whole_word" else self._make_collator(masking)
+
+    def _make_collator(self, masking: MaskingScheme) -> WholeWordMaskCollator:
+        hp = self.hparams
+        return WholeWordMaskCollator(
+            self.tokenizer,
+            mlm_probability=hp.mlm_probability,
+            mask_replace_prob=hp.mask_replace_prob,
+            random_replace_prob=hp.random_replace_prob,
+            pad_to_multiple_of=hp.pad_to_multiple_of,
+            seed=hp.seed,
+            masking=masking,
+        )
+
+    def _mix_general(self, train: datasets.Dataset) -> datasets.Dataset:
+        """Interleaves general documents into ``train`` at ``mix_probability``, keeping every domain one."""
+        hp = self.hparams
+        mix = self._read_files("mix_files")
+        wanted = round(len(train) * hp.mix_probability / (1 - hp.mix_probability))
+        if len(mix) < wanted:
+            rank_zero_warn(
+                f"data.mix_files: {len(mix)} documents, fewer than the {wanted} that data.mix_probability="
+                f"{hp.mix_probability} asks for; all of them are mixed in"
+            )
+        mix = mix.shuffle(seed=hp.seed).select(range(min(wanted, len(mix))))
+        # Without replacement: every document of both sources appears exactly once, in a seeded interleaving.
+        return datasets.interleave_datasets(
+            [train, mix],
+            probabilities=[1 - hp.mix_probability, hp.mix_probability],
+            seed=hp.seed,
+            stopping_strategy="all_exhausted_without_replacement",
+        )
+
+    def _read_files(self, key: str) -> datasets.Dataset:
+        """The documents of the files named by ``data.<key>``, empty lines dropped."""
+        hp = self.hparams
+        files = expand_files(hp[key], f"data.{key}")
+        return _drop_empty(load_files(files, f"data.{key}", hp.text_column, hp.cache_dir), key)
+
+    def train_documents(self) -> datasets.Dataset:
+        """The training corpus (files or Hub dataset) with empty lines dropped, before any split or mixing."""
+        hp = self.hparams
+        if hp.dataset_name:
+            train = load_hub(hp.dataset_name, hp.dataset_config, "train", hp.text_column, hp.cache_dir)
+            return _drop_empty(train, "train")
+        return self._read_files("train_files")
+
+    def _load_raw(self) -> datasets.DatasetDict:
+        hp = self.hparams
+        splits = {"train": self.train_documents()}
+        if hp.dataset_name and not hp.validation_files:
+            with contextlib.suppress(MLMAdaptError):  # no validation split: hold one out below
+                validation = load_hub(
+                    hp.dataset_name, hp.dataset_config, "validation", hp.text_column, hp.cache_dir
+                )
+                splits["validation"] = _drop_empty(validation, "validation")
+        for split, key in self._EVAL_FILES:
+            if hp[key]:
+                splits[split] = self._read_files(key)
+        for split in splits:
+            if len(splits[split]) == 0:
+                key = "data.train_files" if split == "train" else f"data.{split}_files"
+                raise MLMAdaptError(
+                    f"{key}: no text left after dropping empty lines; check the files' content"
+                )
+        if "validation" not in splits:
+            if hp.validation_split <= 0 or len(splits["train"]) < 2:
+                raise MLMAdaptError(
+                    "data.validation_split: need validation data; "
+                    "set data.validation_files or a split in (0, 1)"
+                )
+            held_out = splits["train"].train_test_split(test_size=hp.validation_split, seed=hp.seed)
+            splits["train"], splits["validation"] = held_out["train"], held_out["test"]
+        if hp.mix_probability > 0:
+            splits["train"] = self._mix_general(splits["train"])
+        return datasets.DatasetDict(splits)
+
+    def _preprocess(self, raw: datasets.DatasetDict) -> datasets.DatasetDict:
+        hp = self.hparams
+        return to_blocks(
+            raw,
+            self.tokenizer,
+            self.segmenter,
+            hp.max_seq_length,
+            hp.packing,
+            num_proc=hp.preprocessing_num_workers,
+        )
+
+    @override
+    def prepare_data(self) -> None:
+        # Runs once per node before setup: fills datasets' fingerprint cache, which setup() then reads.
+        self.segmenter("预热")  # builds jieba's dictionary cache once per node; ranks and workers load it
+        if not self.hparams.streaming:
+            self._preprocess(self._load_raw())
+
+    @override
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_dataset is not None or self.train_stream is not None:
+            return
+        if self.hparams.streaming:
+            self._setup_streaming()
+            return
+        raw = self._load_raw()
+        blocks = self._preprocess(raw)
+        self.train_dataset, self.val_dataset = blocks["train"], blocks["validation"]
+        self.test_dataset = blocks["test"] if "test" in blocks else blocks["validation"]
+        self.corpus_stats = {
+            "train_documents": len(raw["train"]),
+            "validation_documents": len(raw["validation"]),
+            # Arrow compute over the memory-mapped columns: no Python copy of the corpus (flat memory).
+            "train_characters": _arrow_sum(pc.utf8_length, raw["train"], "text"),
+            "train_examples": len(self.train_dataset),
+            "validation_examples": len(self.val_dataset),
+            "train_tokens": _arrow_sum(pc.list_value_length, self.train_dataset, "input_ids"),
+        }
+        rank_zero_info(
+            "mlm_adapt data: "
+            + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in self.corpus_stats.items())
+            + f" (max_seq_length {self.hparams.max_seq_length}, packing {self.hparams.packing})"
+        )
+
+    def _setup_streaming(self) -> None:
+        """``setup`` for ``streaming=True``: opens the training stream, loads validation/test in memory."""
+        hp = self.hparams
+        if hp.dataset_name:
+            documents = load_hub_stream(hp.dataset_name, hp.dataset_config, hp.text_column)
+        else:
+            files = expand_files(hp.train_files, "data.train_files")
+            documents = load_stream(files, "data.train_files", hp.text_column)
+        splits = {split: self._read_files(key) for split, key in self._EVAL_FILES if hp[key]}
+        hold_out = "validation" not in splits
+        self.train_stream = StreamingCorpus(documents, hp.validation_split if hold_out else 0.0, hp.seed)
+        if hold_out:
+            splits["validation"] = self.train_stream.validation_documents(hp.streaming_validation_documents)
+        blocks = self._preprocess(datasets.DatasetDict(splits))
+        self.val_dataset = blocks["validation"]
+        self.test_dataset = blocks["test"] if "test" in blocks else blocks["validation"]
+        self.corpus_stats = {
+            "validation_documents": len(splits["validation"]),
+            "validation_examples": len(self.val_dataset),
+        }
+        rank_zero_info(
+            f"mlm_adapt data: streaming training data; {len(self.val_dataset):,} validation blocks"
+        )
+
+    def _world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+    def _loader(
+        self, dataset: Dataset, batch_size: int, sampler=None, stateful: bool = False, collator=None
+    ) -> DataLoader:
+        workers = self.hparams.num_workers
+        # The train loader is stateful: Lightning stores its state_dict in checkpoints, so a resumed fit
+        # continues mid-epoch at the next unseen batch instead of replaying or skipping the epoch's start.
+        loader_class = StatefulDataLoader if stateful else DataLoader
+        return loader_class(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            collate_fn=collator or self.collator,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    @override
+    def train_dataloader(self) -> DataLoader:
+        world_size, rank = self._world()
+        hp = self.hparams
+        if hp.streaming:
+            if self.trainer is not None and self.trainer.max_steps < 0:
+                raise MLMAdaptError(
+                    "trainer.max_steps: set it when data.streaming is true (a stream has no length)"
+                )
+            blocks = self.train_stream.rank_blocks(
+                rank,
+                world_size,
+                hp.shuffle_buffer_size,
+                self.tokenizer,
+                self.segmenter,
+                hp.max_seq_length,
+                hp.packing,
+            )
+            return self._loader(blocks, hp.batch_size, stateful=True, collator=self.train_collator)
+        # drop_last: ranks get disjoint, equal shards (padding would repeat examples on some ranks); the
+        # < world_size examples left out differ every epoch because the shuffle does.
+        if hp.group_by_length and not hp.packing:
+            lengths = pc.list_value_length(self.train_dataset.with_format("arrow")["input_ids"]).to_numpy()
+            sampler = LengthGroupedEpochSampler(
+                self.train_dataset,
+                lengths,
+                50 * hp.batch_size,
+                world_size,
+                rank,
+                seed=hp.seed,
+                drop_last=True,
+            )
+        else:
+            sampler = EpochSampler(
+                self.train_dataset,
+                num_replicas=world_size,
+                rank=rank,
+                shuffle=True,
+                seed=hp.seed,
+                drop_last=True,
+            )
+        dataset = KeyedDataset(self.train_dataset)
+        return self._loader(dataset, hp.batch_size, sampler, stateful=True, collator=self.train_collator)
+
+    def _eval_batch_size(self) -> int:
+        return self.hparams.eval_batch_size or self.hparams.batch_size
+
+    @override
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(KeyedDataset(self.val_dataset), self._eval_batch_size())
+
+    @override
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(KeyedDataset(self.test_dataset), self._eval_batch_size())

@@ -1,0 +1,80 @@
+"""The ``datasets`` pipeline from documents to blocks, shared by in-memory and streaming corpora.
+
+Both ``datasets.Dataset`` (cached by fingerprint) and ``datasets.IterableDataset`` (lazy) run the same two
+batched ``map`` steps: segment + tokenize with word ids, then pack into blocks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import datasets
+from transformers import PreTrainedTokenizerBase
+
+from mlm_adapt.text.blocks import build_blocks
+from mlm_adapt.text.segment import Segmenter
+from mlm_adapt.text.tokens import tokenize_with_word_ids
+
+BLOCK_FEATURES = datasets.Features(
+    {"input_ids": datasets.List(datasets.Value("int32")), "word_ids": datasets.List(datasets.Value("int32"))}
+)
+
+AnyDataset = TypeVar("AnyDataset", datasets.Dataset, datasets.IterableDataset, datasets.DatasetDict)
+
+
+def is_non_empty(batch: dict[str, list]) -> list[bool]:
+    """``filter`` predicate: documents with some non-space text."""
+    return [bool(text and text.strip()) for text in batch["text"]]
+
+
+def _tokenize_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, segmenter: Segmenter) -> dict:
+    return tokenize_with_word_ids(batch["text"], tokenizer, segmenter)
+
+
+def _blocks_batch(batch: dict[str, list], **kwargs: Any) -> dict:
+    return build_blocks(batch["input_ids"], batch["word_ids"], **kwargs)
+
+
+def to_blocks(
+    documents: AnyDataset,
+    tokenizer: PreTrainedTokenizerBase,
+    segmenter: Segmenter,
+    max_seq_length: int,
+    packing: bool,
+    **map_kwargs: Any,
+) -> AnyDataset:
+    """Segments, tokenizes and packs a ``text`` column into ``input_ids``/``word_ids`` blocks.
+
+    Args:
+        documents: Documents with a ``text`` column (in memory or streamed).
+        tokenizer: The model's tokenizer.
+        segmenter: The word segmenter.
+        max_seq_length: Block length, special tokens included.
+        packing: Concatenate documents into full blocks (else one document per block or blocks).
+        map_kwargs: Extra ``map`` arguments for in-memory datasets (``num_proc``).
+    """
+    in_memory = not isinstance(documents, datasets.IterableDataset)
+    tokenized = documents.map(
+        _tokenize_batch,
+        fn_kwargs={"tokenizer": tokenizer, "segmenter": segmenter},
+        batched=True,
+        remove_columns=["text"],
+        **({"desc": "Segmenting and tokenizing", **map_kwargs} if in_memory else {}),
+    )
+    return tokenized.map(
+        _blocks_batch,
+        fn_kwargs={
+            "max_seq_length": max_seq_length,
+            "cls_token_id": tokenizer.cls_token_id,
+            "sep_token_id": tokenizer.sep_token_id,
+            "packing": packing,
+        },
+        batched=True,
+        remove_columns=["input_ids", "word_ids"],
+        features=BLOCK_FEATURES,
+        **(
+            {"desc": "Packing blocks" if packing else "Splitting long lines", **map_kwargs}
+            if in_memory
+            else {}
+        ),
+    )

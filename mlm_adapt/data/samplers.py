@@ -1,0 +1,105 @@
+"""Samplers of the training loader: ``(epoch, index)`` keys for the masking hash, optional length grouping."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+from typing_extensions import override
+
+
+class EpochSampler(DistributedSampler):
+    """A ``DistributedSampler`` that yields ``(epoch, index)`` so the collator can draw new masks each epoch.
+
+    Lightning calls ``set_epoch`` on it at every epoch start and, since it already is a
+    ``DistributedSampler``, does not replace it under DDP.
+    """
+
+    @override
+    def __iter__(self):
+        epoch = self.epoch
+        return ((epoch, index) for index in super().__iter__())
+
+
+class LengthGroupedEpochSampler(EpochSampler):
+    """An :class:`EpochSampler` that puts examples of similar length in the same batch (less padding).
+
+    Each epoch starts from the same seeded shuffle as ``DistributedSampler``; the shuffled order is cut into
+    mega-batches of ``megabatch_size`` examples per rank, each sorted by length (longest first), and then
+    dealt out round-robin to the ranks, so that every rank's batch ``i`` has similar lengths too (no rank
+    waits for a longer one). Padding and ``drop_last`` follow ``DistributedSampler``; it yields
+    ``(epoch, index)``, so each example keeps its masks: only which examples share a batch changes.
+
+    Args:
+        dataset: The dataset (only its length is used).
+        lengths: Length of each example, in dataset order.
+        megabatch_size: Examples per rank sorted together; larger groups tighter, smaller keeps more
+            randomness (default: 50 batches, as ``transformers``' ``LengthGroupedSampler``).
+        num_replicas: World size.
+        rank: This process's rank.
+        seed: Shuffling seed.
+        drop_last: Drop the tail that does not divide evenly among ranks instead of repeating examples.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        lengths: Sequence[int] | np.ndarray,
+        megabatch_size: int,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        seed: int = 0,
+        drop_last: bool = False,
+    ):
+        super().__init__(
+            dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=drop_last
+        )
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if len(self.lengths) != len(dataset):
+            raise ValueError(f"got {len(self.lengths)} lengths for {len(dataset)} examples")
+        self.megabatch_size = max(1, megabatch_size)
+
+    def grouped_indices(self) -> list[int]:
+        """This rank's indices for the current epoch."""
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        perm = torch.randperm(len(self.lengths), generator=generator).numpy()
+        # The same examples as DistributedSampler: it drops the shuffled tail, or repeats the shuffled head.
+        if self.drop_last:
+            perm, extra = perm[: self.total_size], []
+        else:
+            repeats = math.ceil(self.total_size / max(len(perm), 1))
+            extra = np.tile(perm, repeats)[: self.total_size - len(perm)].tolist()
+        group = np.arange(len(perm)) // (self.megabatch_size * self.num_replicas)
+        indices = perm[np.lexsort((-self.lengths[perm], group))].tolist() + extra  # by group, longest first
+        return indices[self.rank : self.total_size : self.num_replicas]
+
+    @override
+    def __iter__(self):
+        epoch = self.epoch
+        return ((epoch, index) for index in self.grouped_indices())
+
+
+class KeyedDataset(Dataset):
+    """Serves block rows with their dataset index (and epoch) attached, as the collator expects."""
+
+    def __init__(self, blocks: datasets.Dataset):
+        self.blocks = blocks.with_format("numpy")
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
+        epoch, index = key if isinstance(key, tuple) else (0, key)
+        row = self.blocks[int(index)]
+        return {
+            "input_ids": row["input_ids"],
+            "word_ids": row["word_ids"],
+            "example_id": index,
+            "epoch": epoch,
+        }

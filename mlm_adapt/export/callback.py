@@ -1,0 +1,165 @@
+"""``HFExport``: writes the adapted model as a Hugging Face directory after ``fit`` (optionally pushes it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.export.card import ExportInfo, val_metrics_at
+from mlm_adapt.export.hub import check_hub_access, push_folder
+from mlm_adapt.export.options import ExportOptions
+from mlm_adapt.export.writer import check_output_dir, write_export
+from mlm_adapt.model.checkpoints import load_checkpoint, module_from_checkpoint
+from mlm_adapt.text.tokenizer import load_tokenizer
+
+DEFAULT_DIRNAME = "hf_model"
+
+
+@dataclass(kw_only=True, eq=False)
+class HFExport(ExportOptions, L.Callback):
+    """Exports the adapted model at the end of ``fit`` as a Hugging Face directory (rank 0, after a barrier).
+
+    The directory holds ``save_pretrained`` safetensors weights, the tokenizer, ``training_config.yaml``
+    (LightningCLI's resolved config) and a ``README.md`` model card with the before/after validation
+    metrics. It is reloaded with ``AutoModelForMaskedLM`` and its logits checked against the trained weights.
+    The validation metrics, corpus statistics and config are also kept in every checkpoint, so
+    ``python -m mlm_adapt export`` can write the same card from any checkpoint later.
+
+    Args:
+        output_dir: Where to write; default ``<log_dir>/hf_model`` (a fresh directory per run).
+        enabled: Export at the end of ``fit`` (metrics are recorded in checkpoints either way).
+        checkpoint: ``best``: the best checkpoint of the ``ModelCheckpoint`` that monitors ``monitor``
+            (the final weights if there is none); ``last``: the final weights.
+        monitor: The metric that picks the best checkpoint.
+    """
+
+    output_dir: str | None = None
+    enabled: bool = True
+    checkpoint: Literal["best", "last"] = "best"
+    monitor: str = "val/loss"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Recorded during fit and saved in checkpoints: the export command rebuilds the card from them.
+        self.val_history: dict[int, dict[str, float]] = {}
+        self.corpus_stats: dict[str, int] = {}
+        self.config_yaml: str | None = None
+        self.export_dir: Path | None = None
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        config_callback = next((c for c in trainer.callbacks if isinstance(c, SaveConfigCallback)), None)
+        if config_callback is not None:
+            self.config_yaml = config_callback.parser.dump(config_callback.config, skip_none=False)
+        self.corpus_stats = dict(getattr(trainer.datamodule, "corpus_stats", None) or {})
+        if not self.enabled:
+            return
+        self.export_dir = Path(
+            self.output_dir or Path(trainer.log_dir or trainer.default_root_dir) / DEFAULT_DIRNAME
+        )
+        # Fail before training rather than after it.
+        if trainer.is_global_zero:
+            check_output_dir(self.export_dir, self.overwrite, key="export.output_dir")
+            if self.push_to_hub:
+                check_hub_access(self.repo_id, key="export.repo_id")
+
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        if metrics:
+            self.val_history[trainer.global_step] = metrics
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "val_history": self.val_history,
+            "corpus_stats": self.corpus_stats,
+            "config_yaml": self.config_yaml,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Resuming keeps the earlier validation history (the card's "after" may come from before the resume).
+        self.val_history = {int(k): dict(v) for k, v in state_dict.get("val_history", {}).items()}
+
+    def _best_checkpoint(self, trainer: L.Trainer) -> str | None:
+        for callback in trainer.checkpoint_callbacks:
+            if getattr(callback, "monitor", None) == self.monitor and callback.best_model_path:
+                return callback.best_model_path
+        return None
+
+    def _last_checkpoint(self, trainer: L.Trainer) -> str | None:
+        for callback in trainer.checkpoint_callbacks:
+            if callback.last_model_path:
+                return callback.last_model_path
+        return None
+
+    @override
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.enabled or self.export_dir is None:
+            return
+        trainer.strategy.barrier("mlm_adapt_export")
+        if not trainer.is_global_zero:
+            return
+        # Under FSDP/DeepSpeed the in-memory weights are sharded across ranks: export from checkpoint files.
+        whole = isinstance(trainer.strategy, (SingleDeviceStrategy, DDPStrategy))
+        path = self._best_checkpoint(trainer) if self.checkpoint == "best" else None
+        source = f"best checkpoint by {self.monitor}: {path}"
+        if path is None and not whole:
+            path = self._last_checkpoint(trainer)
+            if path is None:
+                raise MLMAdaptError(
+                    f"export: the {type(trainer.strategy).__name__} weights are sharded, so export reads a "
+                    f"checkpoint: add a ModelCheckpoint monitoring {self.monitor!r} or with save_last: true"
+                )
+            source = f"last checkpoint: {path}"
+        if path is not None:
+            checkpoint = load_checkpoint(path, key="export.checkpoint")
+            module = module_from_checkpoint(checkpoint, key="export.checkpoint")
+            model, step, epoch = module.model, checkpoint.get("global_step"), checkpoint.get("epoch")
+            baseline = module.baseline_metrics or dict(getattr(pl_module, "baseline_metrics", {}))
+        else:
+            model, step, epoch = pl_module.model, trainer.global_step, trainer.current_epoch
+            baseline = dict(getattr(pl_module, "baseline_metrics", {}))
+            source = "final weights of the run"
+        final, final_step = val_metrics_at(self.val_history, step)
+        datamodule = trainer.datamodule
+        tokenizer = getattr(datamodule, "tokenizer", None) or load_tokenizer(
+            pl_module.hparams["model_name_or_path"], pl_module.hparams.get("new_tokens_file")
+        )
+        info = ExportInfo(
+            model_hparams=dict(pl_module.hparams),
+            data_hparams=dict(getattr(datamodule, "hparams", {}) or {}),
+            baseline_metrics=baseline,
+            final_metrics=final,
+            final_metrics_step=final_step,
+            corpus_stats=self.corpus_stats,
+            config_yaml=self.config_yaml,
+            source=source,
+            global_step=step,
+            epoch=epoch,
+            license=self.license,
+            tags=self.tags,
+            repo_id=self.repo_id if self.push_to_hub else None,
+        )
+        diff = write_export(
+            model, tokenizer, self.export_dir, info, overwrite=self.overwrite, verify=self.verify
+        )
+        check = f"; reload check: max |logit difference| {diff:.2e}" if diff is not None else ""
+        after = f"; val/loss {final['val/loss']:.4f} at step {final_step}" if "val/loss" in final else ""
+        rank_zero_info(f"mlm_adapt export: wrote {self.export_dir} ({source}){after}{check}")
+        if self.push_to_hub:
+            url = push_folder(self.export_dir, self.repo_id, self.private, self.revision, self.commit_message)
+            rank_zero_info(f"mlm_adapt export: pushed to {url}")

@@ -1,0 +1,190 @@
+"""The model card (``README.md`` of an export) and the facts about a run that it states."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from huggingface_hub import ModelCard, ModelCardData
+
+from mlm_adapt.model.metrics import EVAL_METRICS
+
+CONFIG_FILENAME = "training_config.yaml"
+DEFAULT_TAGS = ("bert", "fill-mask", "chinese", "whole-word-masking", "domain-adaptation", "mlm_adapt")
+
+
+@dataclass
+class ExportInfo:
+    """What the model card says about the run (all optional: missing facts are left out of the card).
+
+    Args:
+        model_hparams: ``MaskedLMModule`` hyperparameters (base model, sequence length, schedule).
+        data_hparams: ``MLMDataModule`` hyperparameters (files, segmenter, masking probabilities).
+        baseline_metrics: Validation metrics of the unadapted model (step 0).
+        final_metrics: Validation metrics of the exported weights.
+        final_metrics_step: The global step at which ``final_metrics`` were measured.
+        corpus_stats: ``MLMDataModule.corpus_stats`` (documents, characters, tokens, examples).
+        config_yaml: The resolved training config as written by LightningCLI.
+        source: Which weights were exported (e.g. ``best checkpoint by val/loss: PATH``).
+        global_step: Optimizer steps of the exported weights.
+        epoch: Epoch of the exported weights.
+        license: License identifier for the card metadata.
+        tags: Hub tags.
+        repo_id: Hub repository, used in the card's usage example.
+    """
+
+    model_hparams: dict[str, Any] = field(default_factory=dict)
+    data_hparams: dict[str, Any] = field(default_factory=dict)
+    baseline_metrics: dict[str, float] = field(default_factory=dict)
+    final_metrics: dict[str, float] = field(default_factory=dict)
+    final_metrics_step: int | None = None
+    corpus_stats: dict[str, int] = field(default_factory=dict)
+    config_yaml: str | None = None
+    source: str = ""
+    global_step: int | None = None
+    epoch: int | None = None
+    license: str = "apache-2.0"
+    tags: list[str] = field(default_factory=lambda: list(DEFAULT_TAGS))
+    repo_id: str | None = None
+
+    def resolved_config(self) -> str:
+        """The YAML written next to the weights: LightningCLI's resolved config, else the hyperparameters."""
+        if self.config_yaml:
+            return self.config_yaml
+        clean = {
+            section: {k: v for k, v in hparams.items() if not k.startswith("_")}
+            for section, hparams in (("model", self.model_hparams), ("data", self.data_hparams))
+        }
+        header = "# Hyperparameters stored in the checkpoint (no LightningCLI config recorded)\n"
+        return header + yaml.safe_dump(clean, allow_unicode=True, sort_keys=False)
+
+
+def val_metrics_at(
+    history: dict[int, dict[str, float]], step: int | None
+) -> tuple[dict[str, float], int | None]:
+    """The validation metrics recorded at ``step`` or, failing that, the latest ones recorded before it."""
+    steps = sorted(s for s in history if step is None or s <= step)
+    return (dict(history[steps[-1]]), steps[-1]) if steps else ({}, None)
+
+
+def _is_hub_id(name: str) -> bool:
+    return not Path(name).exists() and name.count("/") == 1 and not name.startswith((".", "/"))
+
+
+def _fmt(value: Any, digits: int | None = None) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.{digits}f}" if digits is not None else f"{value:g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(f"`{v}`" for v in value) or "none"
+    return f"`{value}`" if value not in (None, "") else "none"
+
+
+def _training_settings(info: ExportInfo) -> list[tuple[str, Any]]:
+    config = yaml.safe_load(info.config_yaml) if info.config_yaml else {}
+    trainer, model = config.get("trainer") or {}, config.get("model") or {}
+    hp = info.model_hparams
+    optimizer = model.get("optimizer")
+    if isinstance(optimizer, dict):
+        args = ", ".join(f"{k}={v}" for k, v in (optimizer.get("init_args") or {}).items())
+        optimizer = f"{optimizer.get('class_path', '?').rsplit('.', 1)[-1]}({args})"
+    rows = [
+        ("exported weights", info.source or None),
+        ("global step", info.global_step),
+        ("epoch", info.epoch),
+        ("optimizer", optimizer),
+        ("learning-rate schedule", hp.get("lr_schedule")),
+        ("warmup", hp.get("warmup")),
+        ("batch size per device", info.data_hparams.get("batch_size")),
+        ("max_steps", trainer.get("max_steps")),
+        ("max_epochs", trainer.get("max_epochs")),
+        ("precision", trainer.get("precision")),
+        ("devices", trainer.get("devices")),
+        ("strategy", trainer.get("strategy") if isinstance(trainer.get("strategy"), str) else None),
+        ("accumulate_grad_batches", trainer.get("accumulate_grad_batches")),
+    ]
+    return [(k, v) for k, v in rows if v is not None]
+
+
+def render_model_card(info: ExportInfo, title: str) -> ModelCard:
+    """The ``README.md`` model card: Hub metadata, before/after metrics, corpus, masking and training."""
+    base = str(info.model_hparams.get("model_name_or_path", "unknown"))
+    data = info.data_hparams
+    metadata = ModelCardData(
+        language="zh",
+        license=info.license,
+        library_name="transformers",
+        pipeline_tag="fill-mask",
+        tags=list(info.tags),
+        base_model=base if _is_hub_id(base) else None,  # the Hub only accepts repository ids here
+    )
+    target = info.repo_id or title
+    lines = [
+        f"# {title}",
+        "",
+        f"`{base}` adapted to domain text by continued masked-language-model pretraining with Chinese "
+        "whole-word masking (mlm_adapt, PyTorch Lightning).",
+        "",
+        "## Usage",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        "",
+        f'fill_mask = pipeline("fill-mask", model="{target}")',
+        'print(fill_mask("北京[MASK][MASK]你！"))',
+        "```",
+        "",
+        "## Evaluation",
+        "",
+        "Masked-token metrics on the validation data, masked the same way as in training "
+        "(loss: cross-entropy over masked tokens; perplexity: its exponential).",
+        "",
+    ]
+    before, after = info.baseline_metrics, info.final_metrics
+    if before or after:
+        after_head = (
+            f"after (step {info.final_metrics_step})" if info.final_metrics_step is not None else "after"
+        )
+        lines += [f"| metric | before (step 0, `{base}`) | {after_head} |", "|---|---:|---:|"]
+        for name in EVAL_METRICS:
+            b, a = before.get(name), after.get(name)
+            cells = [_fmt(v, 4) if v is not None else "n/a" for v in (b, a)]
+            lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+    else:
+        lines.append("No validation metrics were recorded for this checkpoint.")
+    files = data.get("train_files") or ([data["dataset_name"]] if data.get("dataset_name") else [])
+    corpus = [("training data", files), ("validation data", data.get("validation_files"))]
+    if not data.get("validation_files") and data.get("validation_split") is not None:
+        corpus[-1] = (
+            "validation data",
+            f"{data['validation_split']:.1%} of the training documents, held out",
+        )
+    corpus += [(k.replace("_", " "), v) for k, v in info.corpus_stats.items()]
+    masking = [
+        ("masking", "whole-word masking (all tokens of a segmented word are masked together)"),
+        ("segmenter", data.get("segmenter")),
+        ("jieba HMM", data.get("hmm")),
+        ("user dictionary", data.get("user_dict")),
+        ("mlm_probability", data.get("mlm_probability")),
+        ("mask_replace_prob ([MASK])", data.get("mask_replace_prob")),
+        ("random_replace_prob (random token)", data.get("random_replace_prob")),
+        ("max_seq_length", data.get("max_seq_length", info.model_hparams.get("max_seq_length"))),
+        ("packing", data.get("packing")),
+    ]
+    for heading, rows in (("Corpus", corpus), ("Masking", masking), ("Training", _training_settings(info))):
+        shown = [(k, v) for k, v in rows if v is not None or k == "user dictionary"]
+        lines += ["", f"## {heading}", ""] + [
+            f"- {k}: {v if isinstance(v, str) and k in ('masking', 'validation data') else _fmt(v)}"
+            for k, v in shown
+        ]
+    lines += [
+        "",
+        f"The full resolved training configuration is in [`{CONFIG_FILENAME}`]({CONFIG_FILENAME}).",
+        "",
+    ]
+    return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n" + "\n".join(lines))

@@ -1,0 +1,40 @@
+"""What an export writes besides the weights, and where it uploads: shared by the callback and the command."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.export.card import DEFAULT_TAGS
+
+
+@dataclass(kw_only=True, eq=False)
+class ExportOptions:
+    """Options of every export (``export.*`` in a fit config, ``--*`` of ``python -m mlm_adapt export``).
+
+    Args:
+        overwrite: Replace the contents of a non-empty output directory.
+        verify: Reload the export and compare its logits with the trained weights on a probe batch.
+        license: License identifier in the model card.
+        tags: Hub tags in the model card (default: bert, fill-mask, chinese, whole-word-masking, ...).
+        push_to_hub: Upload the directory to the Hub (token from HF_TOKEN or `hf auth login`, never printed).
+        repo_id: Hub repository NAME or ORG/NAME; required with push_to_hub.
+        private: Create the Hub repository as private.
+        revision: Hub branch to commit to (created if missing); default main.
+        commit_message: Hub commit message.
+    """
+
+    overwrite: bool = False
+    verify: bool = True
+    license: str = "apache-2.0"
+    tags: list[str] = field(default_factory=lambda: list(DEFAULT_TAGS))
+    push_to_hub: bool = False
+    repo_id: str | None = None
+    private: bool = False
+    revision: str | None = None
+    commit_message: str = "Upload adapted masked-LM (mlm_adapt)"
+
+    def __post_init__(self) -> None:
+        if self.push_to_hub and not self.repo_id:
+            raise MLMAdaptError("export.repo_id is required with push_to_hub; give NAME or ORG/NAME")
+        self.tags = list(self.tags) if self.tags is not None else list(DEFAULT_TAGS)

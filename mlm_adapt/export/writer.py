@@ -1,0 +1,111 @@
+"""Writing an adapted model as a Hugging Face directory: weights, tokenizer, resolved config, model card.
+
+Used by the :class:`~mlm_adapt.export.callback.HFExport` callback at the end of ``fit`` and by
+``python -m mlm_adapt export`` (:mod:`mlm_adapt.export.checkpoint`) for any checkpoint the trainer wrote.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.export.card import CONFIG_FILENAME, ExportInfo, render_model_card
+
+PROBE_TEXTS = ("北京{mask}{mask}你！", "这本书的内容很好，值得一读。", "房间太小，{mask}务也很一般。")
+
+
+def probe_batch(tokenizer: PreTrainedTokenizerBase) -> dict[str, torch.Tensor]:
+    """A small padded batch of probe sentences (with masks) for comparing logits."""
+    texts = [t.format(mask=tokenizer.mask_token) for t in PROBE_TEXTS]
+    return dict(tokenizer(texts, padding=True, return_tensors="pt"))
+
+
+@torch.no_grad()
+def verify_export(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> float:
+    """Reloads ``directory`` with the Auto classes and compares its logits with ``model``'s on a probe batch.
+
+    Returns:
+        The largest absolute logit difference (raises :class:`MLMAdaptError` above the tolerance).
+    """
+    param = next(model.parameters())
+    reloaded = AutoModelForMaskedLM.from_pretrained(directory, dtype=param.dtype).to(param.device).eval()
+    reloaded_tokenizer = AutoTokenizer.from_pretrained(directory)
+    batch, reloaded_batch = probe_batch(tokenizer), probe_batch(reloaded_tokenizer)
+    if not torch.equal(batch["input_ids"], reloaded_batch["input_ids"]):
+        raise MLMAdaptError(
+            f"export check failed: the tokenizer saved in {directory} encodes the probe differently"
+        )
+    was_training = model.training
+    model.eval()  # dropout off, as in the reloaded model
+    try:
+        expected = model(**{k: v.to(param.device) for k, v in batch.items()}).logits.float()
+    finally:
+        model.train(was_training)
+    actual = reloaded(**{k: v.to(param.device) for k, v in reloaded_batch.items()}).logits.float()
+    diff = (expected - actual).abs().max().item()
+    tolerance = 1e-4 if param.dtype == torch.float32 else 1e-2
+    if not diff <= tolerance:
+        raise MLMAdaptError(
+            f"export check failed: logits of the reloaded {directory} differ from the checkpoint's by "
+            f"{diff:.3g} (> {tolerance}); the export was not kept"
+        )
+    return diff
+
+
+def check_output_dir(output_dir: str | Path, overwrite: bool, key: str = "--output_dir") -> None:
+    """Refuses a non-empty output directory unless ``overwrite`` (checked before any work is done)."""
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise MLMAdaptError(f"{key}: {path} is a file; give a directory")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise MLMAdaptError(
+            f"{key}: {path} is not empty; choose another directory or pass overwrite (--overwrite)"
+        )
+
+
+def _move_into(staging: Path, output_dir: Path) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for entry in output_dir.iterdir():
+        # Replace the previous export, but keep hidden entries (e.g. a .git of a cloned Hub repo).
+        if not entry.name.startswith("."):
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    for entry in staging.iterdir():
+        shutil.move(str(entry), output_dir / entry.name)
+
+
+def write_export(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    output_dir: str | Path,
+    info: ExportInfo,
+    overwrite: bool = False,
+    verify: bool = True,
+) -> float | None:
+    """Writes ``model`` + ``tokenizer`` (``save_pretrained``, safetensors), the config and the model card.
+
+    Everything is written to a staging directory next to ``output_dir`` and checked there; ``output_dir``
+    is only filled (with ``overwrite``: its previous non-hidden content replaced) once the check passed.
+
+    Returns:
+        The reload check's largest logit difference (``None`` when ``verify`` is off).
+    """
+    output_dir = Path(output_dir)
+    check_output_dir(output_dir, overwrite)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.staging-", dir=output_dir.parent))
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        (staging / CONFIG_FILENAME).write_text(info.resolved_config(), encoding="utf-8")
+        title = info.repo_id.rsplit("/", 1)[-1] if info.repo_id else output_dir.resolve().name
+        render_model_card(info, title=title).save(staging / "README.md")
+        diff = verify_export(model, tokenizer, staging) if verify else None
+        _move_into(staging, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return diff

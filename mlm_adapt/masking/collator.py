@@ -1,0 +1,109 @@
+"""The ``collate_fn`` of every mlm_adapt DataLoader: pad a batch, then mask whole units of it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, get_args
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.masking.hashing import example_keys
+from mlm_adapt.masking.sampler import check_probabilities, ordinary_token_ids, whole_word_mask
+from mlm_adapt.masking.units import MaskingScheme, masking_units
+
+
+class WholeWordMaskCollator:
+    """Pads examples and masks whole words; the ``collate_fn`` of every mlm_adapt DataLoader.
+
+    Args:
+        tokenizer: The model's tokenizer (needs a mask token).
+        mlm_probability: Expected fraction of maskable tokens to predict.
+        mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
+        random_replace_prob: Fraction of selected words replaced by random ordinary tokens.
+        pad_to_multiple_of: Pad the batch length up to a multiple of this (tensor-core friendly); 1 for none.
+        seed: Seed of the masking hash.
+        masking: Masking unit: ``whole_word`` (jieba words), ``ngram`` (spans of 1-4 words) or ``token``
+            (single tokens, the character-masking ablation); see :mod:`mlm_adapt.masking.units`. The batch's
+            ``word_ids`` stay the jieba word ids whatever the unit.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        mlm_probability: float = 0.15,
+        mask_replace_prob: float = 0.8,
+        random_replace_prob: float = 0.1,
+        pad_to_multiple_of: int = 8,
+        seed: int = 0,
+        masking: MaskingScheme = "whole_word",
+    ):
+        if tokenizer.mask_token_id is None:
+            raise MLMAdaptError(
+                f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no mask token; "
+                "masked-LM adaptation needs a BERT-style tokenizer with [MASK]"
+            )
+        check_probabilities(mlm_probability, mask_replace_prob, random_replace_prob)
+        if masking not in get_args(MaskingScheme):
+            raise MLMAdaptError(
+                f"data.masking={masking!r} is not a masking scheme; "
+                f"use one of {', '.join(get_args(MaskingScheme))}"
+            )
+        self.mask_token_id = tokenizer.mask_token_id
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.random_token_ids = ordinary_token_ids(tokenizer)
+        self.special_token_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.int64)
+        self.mlm_probability = mlm_probability
+        self.mask_replace_prob = mask_replace_prob
+        self.random_replace_prob = random_replace_prob
+        self.pad_to_multiple_of = max(1, pad_to_multiple_of)
+        self.seed = seed
+        self.masking = masking
+        self._unkeyed_calls = 0
+
+    def pad(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Pads ``input_ids``/``word_ids`` to a common length; ``attention_mask`` is 0 on padding only."""
+        lengths = np.fromiter((len(f["input_ids"]) for f in features), dtype=np.int64, count=len(features))
+        multiple = self.pad_to_multiple_of
+        length = -(-int(lengths.max()) // multiple) * multiple
+        # One boolean-mask assignment fills the rows in order: no per-row tensor copies.
+        real = np.arange(length)[None, :] < lengths[:, None]
+        input_ids = np.full((len(features), length), self.pad_token_id, dtype=np.int64)
+        word_ids = np.full((len(features), length), -1, dtype=np.int64)
+        input_ids[real] = np.concatenate([np.asarray(f["input_ids"]) for f in features])
+        word_ids[real] = np.concatenate([np.asarray(f["word_ids"]) for f in features])
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "attention_mask": torch.from_numpy(real.astype(np.int64)),
+            "word_ids": torch.from_numpy(word_ids),
+        }
+
+    def keys(self, features: Sequence[dict[str, Any]]) -> torch.Tensor:
+        """Per-example masking keys; examples without an ``example_id`` get a running call counter."""
+        if all("example_id" in f for f in features):
+            example_id = torch.tensor([int(f["example_id"]) for f in features], dtype=torch.int64)
+        else:
+            start = self._unkeyed_calls
+            self._unkeyed_calls += len(features)
+            example_id = torch.arange(start, start + len(features), dtype=torch.int64)
+        epoch = torch.tensor([int(f.get("epoch", 0)) for f in features], dtype=torch.int64)
+        return example_keys(self.seed, epoch, example_id)
+
+    def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Collates examples with ``input_ids`` and ``word_ids`` (optionally ``example_id``, ``epoch``)."""
+        batch = self.pad(features)
+        keys = self.keys(features)
+        batch["input_ids"], batch["labels"] = whole_word_mask(
+            batch["input_ids"],
+            masking_units(batch["word_ids"], keys, self.masking),
+            keys,
+            mask_token_id=self.mask_token_id,
+            random_token_ids=self.random_token_ids,
+            special_token_ids=self.special_token_ids,
+            mlm_probability=self.mlm_probability,
+            mask_replace_prob=self.mask_replace_prob,
+            random_replace_prob=self.random_replace_prob,
+        )
+        return batch

@@ -1,0 +1,135 @@
+"""Whole-word masking, vectorized over the batch.
+
+Sampling rule (per example): let ``n`` be the number of maskable tokens (not ``[CLS]``/``[SEP]``/padding or
+other special tokens) and ``target = mlm_probability * n``. Words are visited in a random order and
+selected while the running token count stays within ``target``; the word that would cross it is selected
+with probability ``(target - covered) / len(word)``. The expected number of masked tokens is therefore
+exactly ``target`` (no rounding bias, short examples included), and a word is always masked whole.
+
+Each selected word is then, as a unit, replaced by ``[MASK]`` (``mask_replace_prob``), by random ordinary
+vocabulary tokens (``random_replace_prob``) or kept, so the token proportions are exactly those in
+expectation. ``attention_mask`` is 1 on every real token -- ``[MASK]`` included -- and 0 on padding only.
+
+Randomness comes from :mod:`mlm_adapt.masking.hashing`: a pure function of the example, so validation
+examples (always drawn with epoch 0) get the same masks at every evaluation. Words are visited in the order
+of their random keys, ties (rare: 24-bit keys) broken by word index.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.masking.hashing import key_array, uniform_np
+
+
+def _word_order(order_key: np.ndarray, present: np.ndarray) -> torch.Tensor:
+    """Word indices of each row sorted by ``order_key``, present words first, ties broken by index.
+
+    Keys are multiples of 2**-24, so ``key * 2**24 * W + index`` is an exact int64 sort key: one integer
+    sort orders by key and breaks ties by index (a stable order, the same on every platform).
+    """
+    width = order_key.shape[1]
+    bits = (order_key * (1 << 24)).astype(np.int64)
+    bits[~present] = 1 << 25  # absent word slots after every present word
+    composite = bits * width + np.arange(width, dtype=np.int64)
+    composite.sort(axis=1)
+    return torch.from_numpy(composite % width)
+
+
+def ordinary_token_ids(tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
+    """Ids random replacements are drawn from: no special tokens, no ``[UNK]``, no ``##`` pieces."""
+    special = set(tokenizer.all_special_ids)
+    ids = [
+        i
+        for tok, i in tokenizer.get_vocab().items()
+        if i not in special and not tok.startswith("##") and not (tok.startswith("[") and tok.endswith("]"))
+    ]
+    if not ids:
+        raise MLMAdaptError("the tokenizer has no ordinary tokens to draw random replacements from")
+    return torch.tensor(sorted(ids), dtype=torch.int64)
+
+
+def whole_word_mask(
+    input_ids: torch.Tensor,
+    word_ids: torch.Tensor,
+    keys: torch.Tensor,
+    *,
+    mask_token_id: int,
+    random_token_ids: torch.Tensor,
+    special_token_ids: torch.Tensor,
+    mlm_probability: float = 0.15,
+    mask_replace_prob: float = 0.8,
+    random_replace_prob: float = 0.1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masks whole words of a padded batch.
+
+    Args:
+        input_ids: ``(B, L)`` token ids.
+        word_ids: ``(B, L)`` compact word ids per example, ``-1`` on special and pad tokens.
+        keys: ``(B,)`` per-example random keys (:func:`example_keys`).
+        mask_token_id: Id of ``[MASK]``.
+        random_token_ids: Ids random replacements are drawn from.
+        special_token_ids: Ids that are never masked, whatever their word id.
+        mlm_probability: Expected fraction of maskable tokens to predict.
+        mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
+        random_replace_prob: Fraction of selected words replaced by random tokens (the rest are kept).
+
+    Returns:
+        ``(masked_input_ids, labels)``; labels are -100 except at selected positions.
+    """
+    batch, length = input_ids.shape
+    maskable = (word_ids >= 0) & ~torch.isin(input_ids, special_token_ids)
+    word_index = word_ids.clamp(min=0)
+    # Compact ids never exceed the sequence length; slots above the largest id hold no word, and no sort
+    # places them before a present word, so they can be left out without changing any result.
+    n_words = int(word_index.max()) + 1 if word_index.numel() else 1
+    word_len = torch.zeros(batch, n_words, dtype=torch.int64).scatter_add_(1, word_index, maskable.long())
+    target = mlm_probability * word_len.sum(1, keepdim=True)
+
+    keys32 = key_array(keys)
+    order = _word_order(uniform_np(keys32, n_words, 0), (word_len > 0).numpy())
+    sorted_len = word_len.gather(1, order)
+    covered_after = sorted_len.cumsum(1)
+    covered_before = covered_after - sorted_len
+    crossing_prob = (target - covered_before) / sorted_len.clamp(min=1)
+    chosen_sorted = (covered_after <= target) | (
+        (covered_before < target) & (torch.from_numpy(uniform_np(keys32, n_words, 1)) < crossing_prob)
+    )
+    chosen = torch.zeros_like(chosen_sorted).scatter_(1, order, chosen_sorted) & (word_len > 0)
+
+    action = torch.from_numpy(uniform_np(keys32, n_words, 2))
+    to_mask_word = chosen & (action < mask_replace_prob)
+    to_random_word = (
+        chosen & (action >= mask_replace_prob) & (action < mask_replace_prob + random_replace_prob)
+    )
+
+    selected = chosen.gather(1, word_index) & maskable
+    labels = torch.where(selected, input_ids, -100)
+    random_tokens = random_token_ids[
+        (torch.from_numpy(uniform_np(keys32, length, 3)) * len(random_token_ids))
+        .long()
+        .clamp(max=len(random_token_ids) - 1)
+    ]
+    masked = torch.where(selected & to_mask_word.gather(1, word_index), mask_token_id, input_ids)
+    masked = torch.where(selected & to_random_word.gather(1, word_index), random_tokens, masked)
+    return masked, labels
+
+
+def check_probabilities(mlm_probability: float, mask_replace_prob: float, random_replace_prob: float) -> None:
+    """Raises :class:`MLMAdaptError` naming the config key when a masking probability is out of range."""
+    if not 0.0 < mlm_probability < 1.0:
+        raise MLMAdaptError(f"data.mlm_probability={mlm_probability} must be in (0, 1), e.g. 0.15")
+    for key, value in (
+        ("mask_replace_prob", mask_replace_prob),
+        ("random_replace_prob", random_replace_prob),
+    ):
+        if not 0.0 <= value <= 1.0:
+            raise MLMAdaptError(f"data.{key}={value} must be in [0, 1]")
+    if mask_replace_prob + random_replace_prob > 1.0:
+        raise MLMAdaptError(
+            f"data.mask_replace_prob + data.random_replace_prob = {mask_replace_prob + random_replace_prob}"
+            " exceeds 1; lower one of them (default 0.8 / 0.1)"
+        )

@@ -1,0 +1,115 @@
+"""Reading the trainer's checkpoints back: single files (single device, DDP, FSDP full) and FSDP shards."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from lightning.fabric.utilities.cloud_io import _load as pl_load
+from lightning.fabric.utilities.load import _METADATA_FILENAME, _load_distributed_checkpoint
+from lightning.pytorch.utilities.consolidate_checkpoint import _format_checkpoint
+from transformers import PreTrainedTokenizerBase
+
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.model.module import MaskedLMModule
+from mlm_adapt.text.tokenizer import load_tokenizer
+
+
+def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any]:
+    """Loads a Lightning checkpoint into CPU memory as one full (consolidated) dictionary.
+
+    A file is what the trainer writes under single-device, DDP and FSDP with ``state_dict_type="full"``;
+    a directory holding ``meta.pt`` is an FSDP sharded checkpoint, consolidated here with Lightning's
+    own utilities (the same as ``python -m lightning.pytorch.utilities.consolidate_checkpoint``).
+
+    Args:
+        path: The ``.ckpt`` file or the sharded checkpoint directory.
+        key: The option that named ``path``, for error messages.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise MLMAdaptError(f"{key}: {path} does not exist; give a .ckpt file the trainer wrote")
+    if path.is_dir():
+        if (path / _METADATA_FILENAME).is_file():
+            return _format_checkpoint(_load_distributed_checkpoint(path))
+        if (path / "latest").is_file() or (path / "checkpoint").is_dir():
+            raise MLMAdaptError(
+                f"{key}: {path} is a DeepSpeed checkpoint; make it one file first with lightning.pytorch."
+                "utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict(DIR, FILE.ckpt)"
+            )
+        raise MLMAdaptError(f"{key}: {path} is a directory without {_METADATA_FILENAME}; give a .ckpt file")
+    try:
+        checkpoint = pl_load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise MLMAdaptError(f"{key}: cannot read {path} as a Lightning checkpoint: {exc}") from exc
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise MLMAdaptError(f"{key}: {path} has no 'state_dict'; give a checkpoint written by the trainer")
+    return checkpoint
+
+
+def module_from_checkpoint(
+    checkpoint: dict[str, Any], base_model: str | None = None, key: str = "--ckpt_path"
+) -> MaskedLMModule:
+    """Rebuilds the trained ``MaskedLMModule`` (in eval mode, on CPU) from a loaded checkpoint.
+
+    The architecture comes from the base model's config (``hyper_parameters.model_name_or_path``, or
+    ``base_model``); its weights are not loaded, the checkpoint's replace them.
+
+    Args:
+        checkpoint: What :func:`load_checkpoint` returned.
+        base_model: Directory or Hub name of the base model, when the recorded one is not available here.
+        key: The option that named the checkpoint, for error messages.
+    """
+    hparams = dict(checkpoint.get("hyper_parameters") or {})
+    if "model_name_or_path" not in hparams and base_model is None:
+        raise MLMAdaptError(f"{key}: the checkpoint records no model.model_name_or_path; pass --base_model")
+    accepted = inspect.signature(MaskedLMModule.__init__).parameters
+    kwargs = {k: v for k, v in hparams.items() if k in accepted}
+    if base_model is not None:
+        kwargs["model_name_or_path"] = base_model
+    kwargs["pretrained"] = False  # skip reading the base weights: the checkpoint's replace them
+    try:
+        module = MaskedLMModule(**kwargs)
+    except MLMAdaptError as exc:
+        raise MLMAdaptError(
+            f"{exc} (needed to rebuild the checkpoint's model; or pass --base_model DIR)"
+        ) from None
+    missing, unexpected = module.load_state_dict(checkpoint["state_dict"], strict=False)
+    # Tied weights (the decoder shares the word embeddings) may legitimately be absent from the file.
+    tied = set(getattr(module.model, "_tied_weights_keys", None) or {})
+    missing = [m for m in missing if m.removeprefix("model.") not in tied]
+    if missing or unexpected:
+        raise MLMAdaptError(
+            f"{key}: the checkpoint's weights do not fit {kwargs['model_name_or_path']!r} "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]}); pass the right --base_model"
+        )
+    if hasattr(module.model, "tie_weights"):
+        module.model.tie_weights()
+    module.on_load_checkpoint(checkpoint)
+    return module.eval()
+
+
+def callback_state(checkpoint: dict[str, Any], name: str) -> dict[str, Any]:
+    """The saved state of the callback whose class is called ``name`` (empty if it was not in the run)."""
+    for state_key, state in (checkpoint.get("callbacks") or {}).items():
+        if state_key == name or state_key.startswith(name + "{"):
+            return dict(state)
+    return {}
+
+
+def tokenizer_for(checkpoint: dict[str, Any], base_model: str | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer a checkpoint was trained with, new tokens (``model.new_tokens_file``) included.
+
+    Args:
+        checkpoint: What :func:`load_checkpoint` returned.
+        base_model: Directory or Hub name of the base model, when the recorded one is not available here.
+    """
+    model_hparams = checkpoint.get("hyper_parameters") or {}
+    data_hparams = checkpoint.get("datamodule_hyper_parameters") or {}
+    name = base_model or data_hparams.get("tokenizer_name_or_path") or model_hparams.get("model_name_or_path")
+    if name is None:
+        raise MLMAdaptError("--ckpt_path: the checkpoint records no tokenizer; pass --base_model")
+    new_tokens = model_hparams.get("new_tokens_file") or data_hparams.get("new_tokens_file")
+    key = "--base_model" if base_model else "model.model_name_or_path (recorded in the checkpoint)"
+    return load_tokenizer(name, new_tokens, key=key)

@@ -1,0 +1,77 @@
+"""Builds tiny Chinese BERT checkpoints offline, for the demo, tests and benchmarks.
+
+The checkpoint is an ordinary Hugging Face directory (``save_pretrained``), loaded back through the same
+``from_pretrained`` code that loads ``hfl/chinese-bert-wwm-ext``; only its size and vocabulary differ.
+"""
+
+from __future__ import annotations
+
+import string
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def chinese_vocab(texts: Iterable[str], max_chars: int = 3000) -> list[str]:
+    """A BERT-Chinese-style vocabulary: specials, the most frequent characters, ASCII and ``##`` pieces.
+
+    Args:
+        texts: Text to count characters in.
+        max_chars: How many of the most frequent non-ASCII, non-space characters to keep.
+    """
+    counts = Counter(ch for text in texts for ch in text if not ch.isspace() and not ch.isascii())
+    ascii_tokens = list(string.ascii_lowercase + string.digits + string.punctuation)
+    pieces = ["##" + ch for ch in string.ascii_lowercase + string.digits]
+    chars = [ch for ch, _ in counts.most_common(max_chars)]
+    return SPECIAL_TOKENS + ascii_tokens + pieces + chars
+
+
+def build_tiny_bert(
+    output_dir: str | Path,
+    texts: Iterable[str],
+    max_chars: int = 3000,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+) -> Path:
+    """Writes a randomly initialized ``BertForMaskedLM`` and its fast tokenizer to ``output_dir``.
+
+    Args:
+        output_dir: Where to write the checkpoint.
+        texts: Text whose characters make up the vocabulary.
+        max_chars: Character budget of the vocabulary.
+        hidden_size: Model width.
+        num_hidden_layers: Number of transformer layers.
+        num_attention_heads: Attention heads per layer.
+        intermediate_size: Feed-forward width.
+        max_position_embeddings: Longest sequence the model accepts.
+        seed: Seed for the random initialization.
+
+    Returns:
+        The output directory.
+    """
+    vocab = chinese_vocab(texts, max_chars)
+    tokenizer = BertTokenizerFast(vocab={tok: i for i, tok in enumerate(vocab)}, do_lower_case=True)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model = BertForMaskedLM(config)
+    output_dir = Path(output_dir)
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    return output_dir

@@ -1,0 +1,1 @@
+"""Text to model inputs, without torch: corpus files -> jieba words -> tokens with word ids -> blocks."""

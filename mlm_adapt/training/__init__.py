@@ -1,0 +1,21 @@
+"""Training: exact resume, the run's scale summary and the before/after validation, as Lightning callbacks."""
+
+from __future__ import annotations
+
+import lightning as L
+
+from mlm_adapt.training.baseline import BeforeAfterValidation
+from mlm_adapt.training.resume import ExactResume
+from mlm_adapt.training.scale import GlobalBatchInfo
+
+
+def default_callbacks() -> list[L.Callback]:
+    """Callbacks the CLI always adds (persistent ``trainer_defaults``): before/after, resume, scale.
+
+    ``BeforeAfterValidation`` comes before ``ExactResume``: its step-0 validation runs in the first
+    ``on_train_batch_start``, and ExactResume's reseeding after it keeps dropout independent of it.
+    """
+    return [BeforeAfterValidation(), ExactResume(), GlobalBatchInfo()]
+
+
+__all__ = ["BeforeAfterValidation", "ExactResume", "GlobalBatchInfo", "default_callbacks"]

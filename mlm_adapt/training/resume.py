@@ -1,0 +1,105 @@
+"""Surviving kills: atomic checkpoint files and a random stream that resumes exactly.
+
+Exact mid-epoch resume has three parts. The data position is restored by torchdata's
+``StatefulDataLoader`` (its ``state_dict`` rides in Lightning checkpoints, see ``MLMDataModule``); the
+masks are a pure hash of ``(seed, epoch, example_id)`` (see ``mlm_adapt.masking.hashing``); and the remaining
+randomness -- dropout -- is reseeded here before every training batch from
+``(seed, epoch, batch_idx, rank)``, so it does not depend on how many random numbers the process drew
+before (validation loaders, a fresh dataloader iterator after a restart, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from fsspec.implementations.local import LocalFileSystem
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from typing_extensions import override
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoint IO with atomic local writes: a temp file next to the target, then ``os.replace``.
+
+    Lightning's own local write goes through an fsspec transaction that stages the file in the system temp
+    directory and moves it into place; when that directory is on another filesystem (node-local ``/tmp``,
+    checkpoints on NFS/Lustre) the move degrades to copy-over-the-target, and a kill during the copy leaves
+    ``last.ckpt`` truncated. Here the temp file sits next to the target, is fsynced, and is renamed over it,
+    so a reader sees either the old or the new checkpoint, never a partial one. Remote URLs (``s3://``, ...)
+    keep Lightning's behaviour: object-store uploads are already all-or-nothing.
+    """
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # A dotted name with a .tmp suffix: never mistaken for a checkpoint by ModelCheckpoint or "last".
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                torch.save(checkpoint, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        _fsync_dir(target.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable (power loss); not possible on every platform/filesystem.
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def batch_seed(seed: int, epoch: int, batch_idx: int, rank: int) -> int:
+    """A 63-bit seed for one training batch on one rank (stable across processes and Python versions)."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{batch_idx}:{rank}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class ExactResume(L.Callback):
+    """Makes ``fit --ckpt_path last`` (or a SLURM requeue) continue exactly where the killed run was.
+
+    Before every training batch, torch's generators (CPU and CUDA) are reseeded from
+    ``(seed, epoch, batch_idx, global_rank)``: dropout then depends only on the batch position, which the
+    checkpoint restores, and differs across ranks. It also installs :class:`AtomicCheckpointIO` when the
+    strategy still uses Lightning's default checkpoint IO (a user-configured plugin is left alone).
+
+    Args:
+        seed: Base seed; default: the ``seed_everything`` value (``PL_GLOBAL_SEED``), else 0.
+        atomic_checkpoints: Install :class:`AtomicCheckpointIO`.
+    """
+
+    def __init__(self, seed: int | None = None, atomic_checkpoints: bool = True):
+        self.seed = seed
+        self.atomic_checkpoints = atomic_checkpoints
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.seed is None:
+            self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        if self.atomic_checkpoints and type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+
+    @override
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        torch.manual_seed(batch_seed(self.seed, trainer.current_epoch, batch_idx, trainer.global_rank))

@@ -1,0 +1,181 @@
+"""The CLI as users run it: fit, configs, preview, and one-line errors for bad input."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli, tiny_fit_args
+
+from mlm_adapt.cli import main
+from mlm_adapt.cli.fit import MLMAdaptCLI
+
+
+def test_fit_through_the_cli_lowers_validation_loss(tiny_model_dir, corpus_file, tmp_path):
+    args = tiny_fit_args(
+        tiny_model_dir,
+        corpus_file,
+        tmp_path,
+        "--model.optimizer=torch.optim.AdamW",
+        "--model.optimizer.lr=0.01",
+        "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+        f"--trainer.logger.save_dir={tmp_path}",
+    )
+    result = run_cli("fit", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = list(csv.DictReader(next(tmp_path.rglob("metrics.csv")).open()))
+    val = [(int(r["step"]), float(r["val/loss"])) for r in rows if r.get("val/loss")]
+    assert val[0][0] == 0 and val[-1][0] == 6  # step-0 baseline, then the final weights
+    assert val[-1][1] < val[0][1] - 0.05
+    assert "val/perplexity" in result.stdout and "before" in result.stdout
+    assert list(tmp_path.rglob("*.ckpt"))
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
+def test_every_config_parses(config, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        MLMAdaptCLI(args=["fit", "--config", str(REPO / "configs" / config), "--print_config"])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "model_name_or_path:" in printed and "mlm_probability:" in printed
+
+
+def test_help_documents_every_option(capsys):
+    with pytest.raises(SystemExit):
+        MLMAdaptCLI(args=["fit", "--help"])
+    help_text = capsys.readouterr().out
+    for option in (
+        "--data.mlm_probability",
+        "--data.segmenter",
+        "--model.masked_only_head",
+        "--data.packing",
+    ):
+        assert option in help_text
+    assert "Expected fraction of maskable tokens" in help_text
+
+
+def test_preview_json_schema(tiny_model_dir, corpus_file, tmp_path):
+    args = [
+        a for a in tiny_fit_args(tiny_model_dir, corpus_file, tmp_path) if a.startswith(("--model", "--data"))
+    ]
+    result = run_cli("preview", *args, "--num_examples", "3", "--format", "json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    examples = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(examples) == 3
+    for example in examples:
+        assert set(example) == {"tokens", "input_ids", "attention_mask", "labels", "word_ids"}
+        n = len(example["input_ids"])
+        assert all(len(example[k]) == n for k in example)
+        assert n % 8 == 0 and n <= 64
+        for token, attended, word in zip(
+            example["tokens"], example["attention_mask"], example["word_ids"], strict=True
+        ):
+            if token in ("[CLS]", "[SEP]", "[PAD]"):
+                assert word is None
+            assert attended == (token != "[PAD]")
+        assert any(label != -100 for label in example["labels"])
+
+
+def test_preview_text_marks_masked_words(tiny_model_dir, corpus_file, tmp_path):
+    args = [
+        a for a in tiny_fit_args(tiny_model_dir, corpus_file, tmp_path) if a.startswith(("--model", "--data"))
+    ]
+    result = run_cli("preview", *args, "--num_examples", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("# ") == 2 and "【" in result.stdout and "→" in result.stdout
+
+
+def fails_with(args: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2
+    message = [line for line in err if line.startswith("mlm_adapt: error:")]
+    assert len(message) == 1 and not any("Traceback" in line for line in err), err[-20:]
+    return message[0]
+
+
+@pytest.fixture
+def fit_args(tiny_model_dir, corpus_file, tmp_path):
+    def make(*extra: str) -> list[str]:
+        return ["fit", *tiny_fit_args(tiny_model_dir, corpus_file, tmp_path, *extra)]
+
+    return make
+
+
+def test_error_missing_file_and_empty_glob(fit_args, tmp_path, capsys):
+    message = fails_with(fit_args(f"--data.train_files=[{tmp_path}/nope.txt]"), capsys)
+    assert "data.train_files" in message and "nope.txt" in message and "matches no file" in message
+    message = fails_with(fit_args(f"--data.train_files=[{tmp_path}/none/*.txt]"), capsys)
+    assert "none/*.txt" in message
+
+
+def test_error_empty_corpus(fit_args, tmp_path, capsys):
+    empty = tmp_path / "blank.txt"
+    empty.write_text("\n   \n\n", encoding="utf-8")
+    message = fails_with(fit_args(f"--data.train_files=[{empty}]"), capsys)
+    assert "no text left after dropping empty lines" in message
+
+
+def test_error_not_utf8_names_file_and_line(fit_args, tmp_path, capsys):
+    gbk = tmp_path / "gbk.txt"
+    gbk.write_bytes("第一行\n第二行\n".encode() + "第三行是GBK编码\n".encode("gbk"))
+    message = fails_with(fit_args(f"--data.train_files=[{gbk}]"), capsys)
+    assert "gbk.txt line 3 is not UTF-8" in message and "iconv" in message
+
+
+def test_error_unknown_text_column(fit_args, tmp_path, capsys):
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text('{"content": "北京欢迎你"}\n{"content": "今天天气很好"}\n', encoding="utf-8")
+    message = fails_with(fit_args(f"--data.train_files=[{jsonl}]"), capsys)
+    assert "column 'text' not found" in message and "content" in message and "data.text_column" in message
+
+
+def test_error_tokenizer_without_mask_token(fit_args, tiny_model_dir, tmp_path, capsys):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    no_mask = tmp_path / "no-mask"
+    shutil.copytree(tiny_model_dir, no_mask)
+    tokenizer = AutoTokenizer.from_pretrained(no_mask)
+    tokenizer.mask_token = None
+    tokenizer.save_pretrained(no_mask)
+    message = fails_with(fit_args(f"--model.model_name_or_path={no_mask}"), capsys)
+    assert "has no mask token" in message
+
+
+def test_error_non_mlm_model(fit_args, tmp_path, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=100)).save_pretrained(gpt)
+    message = fails_with(fit_args(f"--model.model_name_or_path={gpt}"), capsys)
+    assert "causal-LM" in message and "model.model_name_or_path" in message
+
+
+def test_error_mlm_probability_out_of_range(fit_args, capsys):
+    message = fails_with(fit_args("--data.mlm_probability=1.5"), capsys)
+    assert "data.mlm_probability=1.5 must be in (0, 1)" in message
+
+
+def test_error_sequence_longer_than_positions(fit_args, capsys):
+    message = fails_with(fit_args("--model.max_seq_length=1024"), capsys)
+    assert "model.max_seq_length=1024 exceeds the position limit 128" in message
+
+
+def test_user_data_is_untouched_by_errors(fit_args, tmp_path, capsys):
+    gbk = tmp_path / "keep.txt"
+    content = "好\n".encode() + "坏".encode("gbk")
+    gbk.write_bytes(content)
+    fails_with(fit_args(f"--data.train_files=[{gbk}]"), capsys)
+    assert gbk.read_bytes() == content and Path(gbk).exists()
+
+
+def test_top_level_help_lists_trainer_and_extra_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = capsys.readouterr().out
+    assert "{fit,validate,test}" in help_text and "predict" not in help_text
+    for command in ("preview", "export", "fill-mask", "vocab", "plot"):
+        assert command in help_text

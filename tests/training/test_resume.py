@@ -1,0 +1,149 @@
+"""Exact resume: N steps straight == N/2 steps + SIGKILL + ``fit --ckpt_path last``; atomic checkpoints."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_datamodule, run_cli, tiny_fit_args
+from recorder import read_records
+
+from mlm_adapt.training.resume import AtomicCheckpointIO, ExactResume, batch_seed
+
+STEPS, KILL_AT = 8, 4
+
+
+def _fit(model_dir: Path, corpus: Path, root: Path, *extra: str):
+    return run_cli(
+        "fit",
+        *tiny_fit_args(
+            model_dir,
+            corpus,
+            root,
+            f"--trainer.max_steps={STEPS}",
+            # Epochs of 6 batches: the resumed run starts mid-epoch 0 and crosses into epoch 1 (reshuffle,
+            # new masks, a validation run in between).
+            "--trainer.limit_train_batches=6",
+            "--trainer.callbacks+=ModelCheckpoint",
+            f"--trainer.callbacks.dirpath={root / 'ckpt'}",
+            f"--trainer.callbacks.every_n_train_steps={KILL_AT}",
+            "--trainer.callbacks.save_last=true",
+            "--trainer.callbacks+=tests.recorder.BatchRecorder",
+            f"--trainer.callbacks.out_dir={root / 'rec'}",
+            f"--data.cache_dir={root.parent / 'hf_cache'}",  # shared: preprocess once for the three runs
+            *extra,
+        ),
+    )
+
+
+def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
+    state = {f"model.{k}": v for k, v in checkpoint["state_dict"].items()}
+    for i, param_state in checkpoint["optimizer_states"][0]["state"].items():
+        state.update({f"adam.{i}.{k}": v for k, v in param_state.items()})
+    return state
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_reproduces_the_straight_run(tiny_model_dir, corpus_file, tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    result = _fit(tiny_model_dir, corpus_file, straight)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    result = _fit(tiny_model_dir, corpus_file, killed, f"--trainer.callbacks.kill_at_step={KILL_AT}")
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+    assert (killed / "ckpt" / "last.ckpt").is_file()
+    first_half = read_records(killed / "rec")
+    assert [r["step"] for r in first_half] == list(range(KILL_AT))
+
+    (killed / "rec" / "rank0.jsonl").rename(killed / "rec" / "first_half.jsonl")
+    result = _fit(tiny_model_dir, corpus_file, killed, "--ckpt_path=last")
+    assert result.returncode == 0, result.stderr[-3000:]
+    second_half = read_records(killed / "rec")
+
+    expected = read_records(straight / "rec")
+    assert [r["step"] for r in expected] == list(range(STEPS))
+    assert {r["epoch"] for r in expected} == {0, 1}
+    resumed = first_half + second_half
+    key = ("step", "epoch", "batch_idx", "ids", "digest")  # digest: same examples and same masks
+    assert [{k: r[k] for k in key} for r in resumed] == [{k: r[k] for k in key} for r in expected]
+
+    a, b = _weights(straight / "ckpt" / "last.ckpt"), _weights(killed / "ckpt" / "last.ckpt")
+    assert a.keys() == b.keys()
+    max_diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    # Same batches, masks, dropout seeds and reduction order on CPU: bit-identical (tolerance 0).
+    assert max_diff == 0.0, f"weights/optimizer state differ by up to {max_diff}"
+
+
+def test_atomic_checkpoint_io_keeps_the_old_file_until_the_new_one_is_complete(tmp_path, monkeypatch):
+    io = AtomicCheckpointIO()
+    target = tmp_path / "ckpt" / "last.ckpt"
+    io.save_checkpoint({"step": 1, "w": torch.ones(3)}, target)
+
+    import mlm_adapt.training.resume as resume
+
+    seen = {}
+
+    def interrupted_replace(src, dst):
+        # The moment before the rename: the new file is complete next to the target, the old one untouched.
+        seen["same_dir"] = Path(src).parent == Path(dst).parent
+        seen["new_complete"] = torch.load(src, weights_only=False)["step"] == 2
+        seen["old_intact"] = torch.load(dst, weights_only=False)["step"] == 1
+        raise KeyboardInterrupt  # stands in for the process dying here
+
+    monkeypatch.setattr(resume.os, "replace", interrupted_replace)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"step": 2, "w": torch.zeros(3)}, target)
+    assert seen == {"same_dir": True, "new_complete": True, "old_intact": True}
+    assert io.load_checkpoint(target)["step"] == 1
+    assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]  # no temp file left behind
+
+    monkeypatch.undo()
+    io.save_checkpoint({"step": 3, "w": torch.zeros(3)}, target)
+    assert io.load_checkpoint(target)["step"] == 3
+
+
+def test_exact_resume_installs_atomic_io_only_over_the_default():
+    from types import SimpleNamespace
+
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
+
+    cases = ((TorchCheckpointIO(), AtomicCheckpointIO), (AsyncCheckpointIO(), AsyncCheckpointIO))
+    for given, expected in cases:
+        trainer = SimpleNamespace(strategy=SimpleNamespace(checkpoint_io=given))
+        ExactResume(seed=1).setup(trainer, None, "fit")
+        assert type(trainer.strategy.checkpoint_io) is expected
+
+
+def test_batch_seeds_differ_by_position_and_rank():
+    seeds = {batch_seed(42, e, b, r) for e in range(3) for b in range(50) for r in range(4)}
+    assert len(seeds) == 3 * 50 * 4
+    assert batch_seed(42, 1, 2, 3) == batch_seed(42, 1, 2, 3) < 2**63
+
+
+def test_train_loader_state_resumes_with_workers(tiny_model_dir, corpus_file, tmp_path):
+    def loader():
+        dm = make_datamodule(
+            tiny_model_dir, corpus_file, tmp_path, max_seq_length=32, batch_size=4, num_workers=2
+        )
+        dm.prepare_data()
+        dm.setup("fit")
+        return dm.train_dataloader()
+
+    first = loader()
+    first.sampler.set_epoch(1)
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    state = first.state_dict()
+    expected = [next(it)["input_ids"] for _ in range(4)]
+    del it
+
+    second = loader()
+    second.sampler.set_epoch(1)
+    second.load_state_dict(state)
+    it = iter(second)
+    got = [next(it)["input_ids"] for _ in range(4)]
+    assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
