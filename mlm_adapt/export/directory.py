@@ -243,7 +243,7 @@ def publish(staging: str | Path, output_dir: str | Path, key: str = "--output_di
         if foreign_entries(target) != []:
             raise MLMAdaptError(
                 f"{key}: {output_dir} changed while the export was written and is no longer an earlier "
-                f"export; the new export is kept in {staging}"
+                "export; nothing was replaced"
             )
         backup = target.parent / f"{_backup_prefix(target)}{secrets.token_hex(4)}"
         os.rename(target, backup)
