@@ -13,8 +13,8 @@ Pure filesystem code (no torch). The rules:
   leaves the old or the new export complete: before the first rename the old one is in place, after the
   second the new one; in between the target is absent and the old export sits complete in the backup,
   which :func:`recover` (run before every export) renames back.
-- Staging directories and backups of a killed export, and temp files of a killed checkpoint write, are ours
-  (by name) and are removed by the next run.
+- Staging directories and backups of a killed export are ours (by name) and are cleaned by the next export
+  (temp files of killed checkpoint writes: :func:`mlm_adapt.training.resume.clean_checkpoint_tmp`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import secrets
 import shutil
 import time
@@ -36,8 +35,6 @@ _MARKER_FORMAT = "mlm_adapt export"
 # Created when this module is imported (process start, in practice): leftovers older than this belong to
 # an earlier, killed run; younger ones may be another live process's and are left alone.
 PROCESS_START = time.time()
-# The temp files of AtomicCheckpointIO (and of its mkstemp-based predecessor): ".<name>.ckpt.<token>.tmp".
-CHECKPOINT_TMP = re.compile(r"^\..+\.ckpt\.[A-Za-z0-9_]+\.tmp$")
 
 
 def _staging_prefix(target: Path) -> str:
@@ -259,24 +256,3 @@ def publish(staging: str | Path, output_dir: str | Path, key: str = "--output_di
 def remove_staging(staging: str | Path) -> None:
     """Deletes a staging directory after a failed export (it is ours: created by :func:`make_staging`)."""
     shutil.rmtree(staging, ignore_errors=True)
-
-
-def clean_checkpoint_tmp(directory: str | Path) -> list[Path]:
-    """Deletes temp files of checkpoint writes killed before their rename (``.<name>.ckpt.<token>.tmp``).
-
-    Only files older than this process: a younger one may be a live write of another process.
-
-    Returns:
-        The deleted files.
-    """
-    directory = Path(directory)
-    removed = []
-    if not directory.is_dir():
-        return removed
-    for entry in directory.iterdir():
-        if CHECKPOINT_TMP.match(entry.name) and entry.is_file() and not entry.is_symlink():
-            with contextlib.suppress(FileNotFoundError):
-                if entry.stat().st_mtime < PROCESS_START:
-                    entry.unlink()
-                    removed.append(entry)
-    return removed

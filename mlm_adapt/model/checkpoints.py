@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.module import MaskedLMModule
-from mlm_adapt.model.safe_load import load_sharded, load_weights_only
+from mlm_adapt.model.safe_load import check_sharded_metadata, load_sharded, load_weights_only
 from mlm_adapt.text.tokenizer import load_tokenizer
 
 
@@ -43,6 +43,25 @@ def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any
     checkpoint = load_weights_only(path, key)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise MLMAdaptError(f"{key}: {path} has no 'state_dict'; give a checkpoint written by the trainer")
+    return checkpoint
+
+
+def checkpoint_metadata(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
+    """A checkpoint's entries without reading its weights (hyper-parameters, step, callback states).
+
+    The whole pickle is still checked weights-only (a crafted file is refused here, before Lightning
+    reads it); tensors are memory-mapped, not read. For an FSDP sharded directory: its ``meta.pt``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise MLMAdaptError(f"{key}: {path} does not exist; give a .ckpt file the trainer wrote")
+    if path.is_dir():
+        check_sharded_metadata(path, key)
+        meta = path / _METADATA_FILENAME
+        return load_weights_only(meta, key) if meta.is_file() else {}
+    checkpoint = load_weights_only(path, key, mmap=True)
+    if not isinstance(checkpoint, dict):
+        raise MLMAdaptError(f"{key}: {path} is not a Lightning checkpoint; give a .ckpt file of fit")
     return checkpoint
 
 

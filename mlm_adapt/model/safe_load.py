@@ -69,18 +69,21 @@ def _refusal(path: Path, key: str, exc: Exception) -> MLMAdaptError:
     )
 
 
-def load_weights_only(path: str | Path, key: str = "--ckpt_path", map_location: Any = "cpu") -> Any:
+def load_weights_only(
+    path: str | Path, key: str = "--ckpt_path", map_location: Any = "cpu", mmap: bool = False
+) -> Any:
     """``torch.load(path, weights_only=True)`` with :data:`ALLOWED_GLOBALS`; one-line errors.
 
     Args:
         path: A file written by ``torch.save``.
         key: The option that named ``path``, for messages.
         map_location: Where tensors go (default CPU).
+        mmap: Map the tensors' storage instead of reading it (to look at the other entries cheaply).
     """
     path = Path(path)
     try:
         with torch.serialization.safe_globals(ALLOWED_GLOBALS):
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         raise _refusal(path, key, exc) from None
     except FileNotFoundError:

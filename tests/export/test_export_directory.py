@@ -15,7 +15,6 @@ from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.directory import (
     MARKER,
     check_output_dir,
-    clean_checkpoint_tmp,
     is_complete_export,
     make_staging,
     publish,
@@ -158,20 +157,6 @@ def test_kill_between_the_two_renames_keeps_an_export_complete(tmp_path):
     recover(target)  # what the next export does first
     assert snapshot(target) == old
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
-
-
-def test_stale_checkpoint_temp_files_are_removed_but_not_live_ones_or_others(tmp_path):
-    stale = tmp_path / ".last.ckpt.k2j3h4g5.tmp"
-    live = tmp_path / ".last.ckpt.a1b2c3d4.tmp"
-    user = tmp_path / ".notes.tmp"
-    for path in (stale, live, user):
-        path.write_bytes(b"x")
-    long_ago = time.time() - 3600
-    os.utime(stale, (long_ago, long_ago))
-    os.utime(user, (long_ago, long_ago))
-    os.utime(live, (time.time() + 60, time.time() + 60))  # written after this process started
-    assert clean_checkpoint_tmp(tmp_path) == [stale]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".last.ckpt.a1b2c3d4.tmp", ".notes.tmp"]
 
 
 def test_export_directory_and_files_follow_the_umask(tmp_path):
