@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from mlm_adapt.data import MLMDataModule
+from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
 from mlm_adapt.model import MaskedLMModule
+from mlm_adapt.model.checkpoints import checkpoint_metadata
 from mlm_adapt.training import default_callbacks
+from mlm_adapt.training.continue_logs import continue_csv_logs
+from mlm_adapt.training.resume_lookup import (
+    checkpoint_settings,
+    conflict_message,
+    resolve_resume,
+    resume_conflicts,
+)
 
 
 class MLMAdaptCLI(LightningCLI):
@@ -45,3 +55,33 @@ class MLMAdaptCLI(LightningCLI):
         parser.link_arguments("model.new_tokens_file", "data.new_tokens_file")
         # Always present (``export:`` in YAML, ``--export.*`` flags); ``export.enabled: false`` turns it off.
         parser.add_lightning_class_args(HFExport, "export")
+
+    @override
+    def before_instantiate_classes(self) -> None:
+        # Before the loggers exist: `last` must name the killed run's checkpoint and its logger version.
+        if self.subcommand == "fit":
+            resolve_resume(self.config.fit)
+
+    def before_fit(self) -> None:
+        """Resuming: refuses changed fixed settings and a non-weights-only load, continues the CSV log."""
+        config = self.config.fit
+        if config.weights_only is False:
+            raise MLMAdaptError(
+                "weights_only=false: mlm_adapt reads checkpoints weights-only (a pickle could run code); "
+                "drop the flag"
+            )
+        ckpt_path = config.ckpt_path
+        if not ckpt_path or ckpt_path in ("best", "hpc"):
+            return
+        saved = checkpoint_metadata(ckpt_path)  # also refuses a crafted file before Lightning reads it
+        # The optimizer as the checkpoint stores it: in the resolved config, serialized by the same parser.
+        resolved = yaml.safe_load(self.parser.dump(self.config, skip_none=False))["fit"]
+        current = {
+            "model": {**self.model.hparams, "optimizer": resolved["model"]["optimizer"]},
+            "data": dict(self.datamodule.hparams),
+        }
+        conflicts = resume_conflicts(checkpoint_settings(saved), current)
+        if conflicts:
+            raise MLMAdaptError(conflict_message(ckpt_path, conflicts))
+        # Lightning logs the rows of optimizer step k at logger step k - 1.
+        continue_csv_logs(self.trainer.loggers, int(saved.get("global_step", 0)) - 1)

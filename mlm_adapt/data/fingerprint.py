@@ -16,6 +16,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from mlm_adapt.text.corpus import expand_files
+
 SAMPLES = 64
 
 
@@ -34,3 +36,14 @@ def blocks_fingerprint(dataset: Any, column: str = "input_ids", samples: int = S
 def files_fingerprint(files: Sequence[str]) -> str:
     """Fingerprint of streamed training files: their names and sizes, in order."""
     return _digest({"files": [(os.path.basename(f), os.path.getsize(f)) for f in files]})
+
+
+def corpus_fingerprint(datamodule: Any) -> str | None:
+    """The fingerprint of an ``MLMDataModule``'s training data after ``setup`` (``None``: not known)."""
+    train = getattr(datamodule, "train_dataset", None)
+    if train is not None:
+        return blocks_fingerprint(train)
+    files = getattr(datamodule, "hparams", {}).get("train_files")
+    if getattr(datamodule, "train_stream", None) is not None and files:
+        return files_fingerprint(expand_files(files, "data.train_files"))
+    return None

@@ -3,8 +3,8 @@
 Lightning's ``CSVLogger`` deletes ``metrics.csv`` when it opens a version directory that already has one
 ("Previous log files in this directory will be deleted"), which is right for a new run and wrong for a
 resumed one. :func:`continue_csv_logs` reads the rows first, opens the logger, and writes back the rows up
-to the checkpoint's step (later rows belong to steps the resumed run does again); the new rows are then
-appended by the logger as usual.
+to the checkpoint's last logged step (later rows belong to steps the resumed run does again); the new rows
+are then appended by the logger as usual.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger, Logger
+from lightning.pytorch.utilities import rank_zero_only
 
 
 def rows_up_to(metrics_csv: str | Path, step: int) -> list[dict[str, str]]:
@@ -32,14 +33,20 @@ def rows_up_to(metrics_csv: str | Path, step: int) -> list[dict[str, str]]:
 
 
 def continue_csv_logs(loggers: list[Logger], step: int) -> list[Path]:
-    """Makes every ``CSVLogger`` whose version directory has a ``metrics.csv`` continue it at ``step``.
+    """Makes every ``CSVLogger`` whose version directory has a ``metrics.csv`` continue it after ``step``.
 
     Call before the loggers write anything (before ``trainer.fit``).
+
+    Args:
+        loggers: The trainer's loggers (others than ``CSVLogger`` are left alone: TensorBoard appends).
+        step: The last logger step the checkpoint covers (rows after it are dropped).
 
     Returns:
         The continued ``metrics.csv`` files.
     """
-    continued = []
+    continued: list[Path] = []
+    if rank_zero_only.rank != 0:  # the CSV logger writes on rank 0 only
+        return continued
     for logger in loggers:
         if not isinstance(logger, CSVLogger):
             continue

@@ -26,7 +26,10 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
+from mlm_adapt.data.fingerprint import corpus_fingerprint
+from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.safe_load import load_weights_only
+from mlm_adapt.training.resume_lookup import CORPUS_KEY, conflict_message, resume_conflicts
 
 # The temp files of AtomicCheckpointIO (and of its mkstemp-based predecessor): ".<name>.ckpt.<token>.tmp".
 CHECKPOINT_TMP = re.compile(r"^\..+\.ckpt\.[A-Za-z0-9_]+\.tmp$")
@@ -141,7 +144,9 @@ class ExactResume(L.Callback):
     Before every training batch, torch's generators (CPU and CUDA) are reseeded from
     ``(seed, epoch, batch_idx, global_rank)``: dropout then depends only on the batch position, which the
     checkpoint restores, and differs across ranks. It also installs :class:`AtomicCheckpointIO` when the
-    strategy still uses Lightning's default checkpoint IO (a user-configured plugin is left alone).
+    strategy still uses Lightning's default checkpoint IO (a user-configured plugin is left alone), and
+    keeps a fingerprint of the training corpus in checkpoints: resuming on a different corpus (the data
+    loader position would point into other data) is refused with one line.
 
     Args:
         seed: Base seed; default: the ``seed_everything`` value (``PL_GLOBAL_SEED``), else 0.
@@ -151,6 +156,7 @@ class ExactResume(L.Callback):
     def __init__(self, seed: int | None = None, atomic_checkpoints: bool = True):
         self.seed = seed
         self.atomic_checkpoints = atomic_checkpoints
+        self.corpus_fingerprint: str | None = None
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -158,6 +164,20 @@ class ExactResume(L.Callback):
             self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         if self.atomic_checkpoints and type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if stage == "fit" and trainer.datamodule is not None:  # set up before the callbacks: data is ready
+            self.corpus_fingerprint = corpus_fingerprint(trainer.datamodule)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {CORPUS_KEY: self.corpus_fingerprint} if self.corpus_fingerprint else {}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Called when fit restores a checkpoint, after setup: the current corpus is known.
+        saved = {"corpus": state_dict}
+        conflicts = resume_conflicts(saved, {"corpus": {CORPUS_KEY: self.corpus_fingerprint}})
+        if conflicts:
+            raise MLMAdaptError(conflict_message("the checkpoint", conflicts))
 
     @override
     def on_train_batch_start(

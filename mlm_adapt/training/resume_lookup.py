@@ -20,6 +20,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+from lightning.pytorch.utilities import rank_zero_info
+
+from mlm_adapt.model.checkpoints import callback_state
+
 # Lightning's names for the last checkpoint: last.ckpt, and last-v1.ckpt ... with its version counter.
 LAST_NAME = re.compile(r"^last(-v\d+)?\.ckpt$")
 CHECKPOINTS_SUBDIR = "checkpoints"
@@ -32,6 +37,7 @@ FIXED_SETTINGS: dict[tuple[str, str], str] = {
     ("data", "tokenizer_name_or_path"): "the token ids of the checkpoint depend on it",
     ("data", "batch_size"): "the data loader position is counted in batches",
     ("data", "packing"): "the data blocks and the position of the data loader depend on it",
+    ("model", "optimizer"): "the optimizer state restored from the checkpoint (learning rate included) wins",
 }
 CORPUS_KEY = "corpus_fingerprint"
 
@@ -79,11 +85,22 @@ def version_of(checkpoint: str | Path, version_root: str | Path) -> str | None:
 def _same(key: str, saved: Any, current: Any) -> bool:
     if saved == current:
         return True
+    if isinstance(saved, (list, tuple)) and isinstance(current, (list, tuple)):
+        return list(saved) == list(current)  # YAML has no tuples
     if key.endswith(("_path", "_file")) and isinstance(saved, str) and isinstance(current, str):
         # The same local file or directory written differently (./tiny-bert vs tiny-bert).
         old, new = Path(saved).expanduser(), Path(current).expanduser()
         return old.exists() and new.exists() and old.resolve() == new.resolve()
     return False
+
+
+def _flatten(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        flat: dict[str, Any] = {}
+        for key, item in value.items():
+            flat.update(_flatten(f"{prefix}.{key}", item))
+        return flat
+    return {prefix: value}
 
 
 def resume_conflicts(
@@ -102,13 +119,32 @@ def resume_conflicts(
         old_section, new_section = saved.get(section), current.get(section)
         if old_section is None or new_section is None or key not in old_section or key not in new_section:
             continue
-        if not _same(key, old_section[key], new_section[key]):
-            conflicts.append(f"{section}.{key}: {old_section[key]!r} -> {new_section[key]!r}")
+        old, new = (
+            _flatten(f"{section}.{key}", old_section[key]),
+            _flatten(f"{section}.{key}", new_section[key]),
+        )
+        for name in sorted(set(old) | set(new), key=list({**old, **new}).index):
+            if not _same(name, old.get(name), new.get(name)):
+                conflicts.append(f"{name}: {old.get(name)!r} -> {new.get(name)!r}")
     old_corpus = (saved.get("corpus") or {}).get(CORPUS_KEY)
     new_corpus = (current.get("corpus") or {}).get(CORPUS_KEY)
     if old_corpus and new_corpus and old_corpus != new_corpus:
         conflicts.append(f"training corpus: fingerprint {old_corpus[:12]} -> {new_corpus[:12]}")
     return conflicts
+
+
+def checkpoint_settings(checkpoint: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The sections :func:`resume_conflicts` compares, from a checkpoint's entries.
+
+    The optimizer is no hyper-parameter of the module; it comes from the resolved config that the
+    ``HFExport`` callback keeps in every checkpoint (absent from checkpoints of runs without LightningCLI).
+    """
+    config = yaml.safe_load(callback_state(dict(checkpoint), "HFExport").get("config_yaml") or "{}")
+    model_config = config.get("model") if isinstance(config, dict) else None
+    model = dict(checkpoint.get("hyper_parameters") or {})
+    if isinstance(model_config, dict) and "optimizer" in model_config:
+        model["optimizer"] = model_config["optimizer"]
+    return {"model": model, "data": dict(checkpoint.get("datamodule_hyper_parameters") or {})}
 
 
 def conflict_message(checkpoint: str | Path, conflicts: list[str]) -> str:
@@ -162,3 +198,48 @@ def checkpoint_dirs(callbacks_config: Any) -> list[Path]:
             if dirpath:
                 dirs.append(Path(dirpath))
     return dirs
+
+
+def resolve_resume(config: Any) -> None:
+    """Turns a parsed ``fit`` config's ``ckpt_path`` into the checkpoint to resume, and continues its logs.
+
+    ``last`` becomes the newest ``last*.ckpt`` of the run (see the module docstring), or ``None`` with a
+    note when the run has none yet (a first run of a requeue script starts from scratch). When the
+    checkpoint lies in a version directory of the first logger, every versioned logger that has that
+    version is set to it, so the resumed run writes its logs and checkpoints where the killed run did.
+    Other values (a path, ``best``, ``hpc``) are left to Lightning, except for that version.
+
+    Args:
+        config: The ``fit`` section of LightningCLI's parsed config (changed in place).
+    """
+    ckpt_path = config.ckpt_path
+    if not ckpt_path or ckpt_path in ("best", "hpc"):
+        return
+    trainer = config.trainer
+    default_root = Path(trainer.default_root_dir or ".")
+    entries = _entries(trainer.logger)
+    versioned = versioned_logger_args(trainer.logger)
+    first = getattr(entries[0], "init_args", None) if entries else None
+    fixed = checkpoint_dirs(trainer.callbacks)
+    # Where ModelCheckpoint writes without dirpath: the first logger's version, else the root.
+    if trainer.logger is False:
+        roots, fixed = [], [*fixed, default_root / CHECKPOINTS_SUBDIR]
+    elif not entries:
+        roots = [default_root / "lightning_logs"]  # Lightning's default logger
+    else:
+        roots = [logger_root(first, default_root)] if any(first is v for v in versioned) else []
+    if ckpt_path == "last":
+        found = find_last_checkpoint(roots, fixed)
+        if found is None:
+            where = [str(r / "*" / CHECKPOINTS_SUBDIR) for r in roots] + [str(d) for d in fixed]
+            rank_zero_info(f"mlm_adapt: ckpt_path last: no last.ckpt in {', '.join(where)}; new run")
+            config.ckpt_path = None
+            return
+        config.ckpt_path = str(found)
+        rank_zero_info(f"mlm_adapt: ckpt_path last: resuming {found}")
+    version = version_of(config.ckpt_path, roots[0]) if roots and versioned else None
+    if version is None:
+        return
+    for args in versioned:
+        if args is first or (logger_root(args, default_root) / version).is_dir():
+            args.version = version

@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from jsonargparse import Namespace
+
 from mlm_adapt.training.resume_lookup import (
     conflict_message,
     find_last_checkpoint,
+    resolve_resume,
     resume_conflicts,
     version_of,
 )
@@ -72,3 +75,52 @@ def test_checkpoint_without_fingerprint_is_compared_on_what_it_has():
     old = {"model": {"max_seq_length": 64}, "data": {"batch_size": 8}}  # mlm_adapt 0.1
     new = {"model": {"max_seq_length": 64}, "data": {"batch_size": 8}, "corpus": {"corpus_fingerprint": "c"}}
     assert resume_conflicts(old, new) == []
+
+
+def test_optimizer_change_is_listed_by_the_changed_argument():
+    adam = {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1e-3, "betas": [0.9, 0.999]}}
+    same = {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1e-3, "betas": (0.9, 0.999)}}
+    faster = {"class_path": "torch.optim.AdamW", "init_args": {"lr": 5e-3, "betas": [0.9, 0.999]}}
+    assert resume_conflicts({"model": {"optimizer": adam}}, {"model": {"optimizer": same}}) == []
+    assert resume_conflicts({"model": {"optimizer": adam}}, {"model": {"optimizer": faster}}) == [
+        "model.optimizer.init_args.lr: 0.001 -> 0.005"
+    ]
+
+
+def fit_config(tmp_path: Path, ckpt_path: str, **checkpoint_args) -> Namespace:
+    """The parts of a parsed ``fit`` config that resolve_resume reads, laid out as configs/domain.yaml."""
+    loggers = [
+        Namespace(
+            class_path=f"lightning.pytorch.loggers.{cls}",
+            init_args=Namespace(save_dir=str(tmp_path / "runs"), name=name, version=None),
+        )
+        for cls, name in (("TensorBoardLogger", "tensorboard"), ("CSVLogger", "csv"))
+    ]
+    callback = Namespace(
+        class_path="lightning.pytorch.callbacks.ModelCheckpoint", init_args=Namespace(**checkpoint_args)
+    )
+    trainer = Namespace(default_root_dir=str(tmp_path / "runs"), logger=loggers, callbacks=[callback])
+    return Namespace(ckpt_path=ckpt_path, trainer=trainer)
+
+
+def test_resolve_last_continues_the_version_of_every_logger(tmp_path):
+    runs = tmp_path / "runs"
+    touch(runs / "tensorboard" / "version_0" / "checkpoints" / "last.ckpt", 1000)
+    last = touch(runs / "tensorboard" / "version_1" / "checkpoints" / "last.ckpt", 2000)
+    (runs / "csv" / "version_1").mkdir(parents=True)
+    config = fit_config(tmp_path, "last", dirpath=None)
+    resolve_resume(config)
+    assert config.ckpt_path == str(last)
+    assert [logger.init_args.version for logger in config.trainer.logger] == ["version_1", "version_1"]
+
+
+def test_resolve_last_without_checkpoint_starts_a_new_run(tmp_path):
+    config = fit_config(tmp_path, "last", dirpath=str(tmp_path / "fixed"))
+    resolve_resume(config)
+    assert config.ckpt_path is None
+    assert [logger.init_args.version for logger in config.trainer.logger] == [None, None]
+    last = touch(tmp_path / "fixed" / "last.ckpt", 1000)  # a fixed dirpath: loggers keep new versions
+    config = fit_config(tmp_path, "last", dirpath=str(tmp_path / "fixed"))
+    resolve_resume(config)
+    assert config.ckpt_path == str(last)
+    assert [logger.init_args.version for logger in config.trainer.logger] == [None, None]
