@@ -164,8 +164,9 @@ class ExactResume(L.Callback):
             self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         if self.atomic_checkpoints and type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
-        if stage == "fit" and trainer.datamodule is not None:  # set up before the callbacks: data is ready
-            self.corpus_fingerprint = corpus_fingerprint(trainer.datamodule)
+        datamodule = getattr(trainer, "datamodule", None)
+        if stage == "fit" and datamodule is not None:  # set up before the callbacks: its data is ready
+            self.corpus_fingerprint = corpus_fingerprint(datamodule)
 
     @override
     def state_dict(self) -> dict[str, Any]:
