@@ -4,7 +4,7 @@ A bert-base-chinese-sized model (vocab 21128, hidden 768, 12 layers, 12 heads, F
 trained through the real stack (MaskedLMModule + whole-word collator + Lightning Trainer) in bf16-mixed
 precision on packed blocks of seq 128 and 512 (synthetic Chinese-like token ids with jieba-style word ids,
 so no download and no dataset package are needed). FLOPs per step are counted by
-:func:`mlm_adapt.throughput.mlm_flops`; the peak is the datasheet dense bf16 figure that Lightning knows
+:func:`mlm_adapt.model.throughput.mlm_flops`; the peak is the datasheet dense bf16 figure that Lightning knows
 for the device (``get_available_flops``) and, for comparison, a measured large bf16 matmul. MFU = achieved
 model FLOPs/s / peak. Each configuration: warm-up steps, then timed steps (CUDA-synchronized). Finishes in
 well under 5 minutes on an H100/H200. Goal: >= 45% MFU at seq 512 on an H200.

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Literal
 
+import rjieba
+
 from mlm_adapt.errors import MLMAdaptError
 
 SegmenterBackend = Literal["rjieba", "jieba"]
@@ -97,14 +99,12 @@ class Segmenter:
 
     def _build(self):
         if self.backend == "rjieba":
-            import rjieba
-
             impl = rjieba.Jieba()
             for word, freq, tag in self._entries:
                 impl.add_word(word, freq, tag)
             hmm = self.hmm
             return lambda text: impl.cut(text, hmm)
-        import jieba
+        import jieba  # noqa: PLC0415 (the reference backend: a slow import, only when chosen)
 
         jieba.setLogLevel(logging.WARNING)
         impl = jieba.Tokenizer()

@@ -11,6 +11,7 @@ from mlm_adapt.cli import main
 from mlm_adapt.cli.fit import MLMAdaptCLI
 
 
+@pytest.mark.slow
 def test_fit_through_the_cli_lowers_validation_loss(tiny_model_dir, corpus_file, tmp_path):
     args = tiny_fit_args(
         tiny_model_dir,
@@ -54,6 +55,7 @@ def test_help_documents_every_option(capsys):
     assert "Expected fraction of maskable tokens" in help_text
 
 
+@pytest.mark.slow
 def test_preview_json_schema(tiny_model_dir, corpus_file, tmp_path):
     args = [
         a for a in tiny_fit_args(tiny_model_dir, corpus_file, tmp_path) if a.startswith(("--model", "--data"))
@@ -76,6 +78,7 @@ def test_preview_json_schema(tiny_model_dir, corpus_file, tmp_path):
         assert any(label != -100 for label in example["labels"])
 
 
+@pytest.mark.slow
 def test_preview_text_marks_masked_words(tiny_model_dir, corpus_file, tmp_path):
     args = [
         a for a in tiny_fit_args(tiny_model_dir, corpus_file, tmp_path) if a.startswith(("--model", "--data"))

@@ -91,6 +91,7 @@ def test_mask_attention_zero_hides_masks_and_fills_greedily(tiny_model_dir, tiny
     )
 
 
+@pytest.mark.slow
 def test_fill_mask_reads_lightning_checkpoints_like_the_export(trained_run, capsys):
     ckpt = next(p for p in (trained_run / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt")
     from_ckpt = run_fill_mask(capsys, "--model", str(ckpt), TEXT, "--mask_attention", "zero")

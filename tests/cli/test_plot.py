@@ -17,6 +17,7 @@ def test_plot_without_a_csv_log_is_a_one_line_error(tmp_path):
         plot_main([str(tmp_path)])
 
 
+@pytest.mark.slow
 def test_fit_logs_word_accuracy_and_plot_draws_it(tiny_model_dir, corpus_file, tmp_path):
     root = tmp_path / "run"
     extra = ["--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={root}"]

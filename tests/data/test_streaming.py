@@ -19,6 +19,7 @@ def _write(path: Path, lines: list[str]) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_streaming_ddp_with_uneven_shards_finishes_on_both_ranks(tiny_model_dir, review_texts, tmp_path):
     # Two files -> one per rank: rank 0 streams 300 reviews, rank 1 only 6 (a few batches per pass).
     big = _write(tmp_path / "corpus" / "a_big.txt", review_texts[:300])

@@ -68,6 +68,7 @@ def card_table(card_path: Path) -> dict[str, tuple[str, str]]:
     return {name: (before.strip(), after.strip()) for name, before, after in rows}
 
 
+@pytest.mark.slow
 def test_fit_exports_best_checkpoint_with_identical_logits(trained_run, tiny_model_dir, tokenizer):
     export_dir = trained_run / "export"
     assert {p.name for p in export_dir.iterdir()} == EXPORTED
@@ -77,6 +78,7 @@ def test_fit_exports_best_checkpoint_with_identical_logits(trained_run, tiny_mod
     assert "mlm_adapt export: wrote" in (trained_run / "fit_stderr.txt").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_pipeline_fill_mask_loads_the_export(trained_run):
     fill = pipeline("fill-mask", model=str(trained_run / "export"))
     predictions = fill("北京[MASK]你！", top_k=4)
@@ -86,6 +88,7 @@ def test_pipeline_fill_mask_loads_the_export(trained_run):
     assert all(p["sequence"].replace(" ", "").startswith("北京") for p in predictions)
 
 
+@pytest.mark.slow
 def test_model_card_metadata_and_before_after_metrics(trained_run):
     card_path = trained_run / "export" / "README.md"
     card = ModelCard.load(card_path)
@@ -110,6 +113,7 @@ def test_model_card_metadata_and_before_after_metrics(trained_run):
     assert "model_name_or_path:" in config and "export:" in config
 
 
+@pytest.mark.slow
 def test_export_command_from_checkpoint_and_overwrite_refusal(trained_run, tmp_path, capsys):
     out = tmp_path / "exported"
     main(["export", f"--ckpt_path={best_checkpoint(trained_run)}", f"--output_dir={out}"])
@@ -143,6 +147,7 @@ def test_export_command_from_checkpoint_and_overwrite_refusal(trained_run, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]  # no staging or backup left
 
 
+@pytest.mark.slow
 def test_export_consolidates_fsdp_sharded_checkpoint(trained_run, tmp_path):
     # Lay the checkpoint out exactly as FSDPStrategy.save_checkpoint(state_dict_type="sharded") does
     # (the trainer's FSDP needs a GPU): weights through torch.distributed.checkpoint, the rest in meta.pt.
@@ -158,6 +163,7 @@ def test_export_consolidates_fsdp_sharded_checkpoint(trained_run, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_reload_check_fails_loudly_on_different_weights(trained_run, tokenizer):
     model = AutoModelForMaskedLM.from_pretrained(trained_run / "export")
     with torch.no_grad():
@@ -198,6 +204,7 @@ class HubRecorder:
         monkeypatch.setenv("HF_TOKEN", "hf_secret_value_never_printed")
 
 
+@pytest.mark.slow
 def test_export_push_to_hub_arguments(trained_run, tmp_path, monkeypatch, capsys):
     hub = HubRecorder(monkeypatch)
     out = tmp_path / "pushed"
@@ -243,6 +250,7 @@ def test_export_push_to_hub_arguments(trained_run, tmp_path, monkeypatch, capsys
     assert "hf_secret_value" not in captured.out + captured.err
 
 
+@pytest.mark.slow
 def test_push_unauthorized_keeps_local_export(trained_run, tmp_path, monkeypatch, capsys):
     hub = HubRecorder(monkeypatch, fail_upload=401)
     out = tmp_path / "kept"
@@ -254,6 +262,7 @@ def test_push_unauthorized_keeps_local_export(trained_run, tmp_path, monkeypatch
     assert hub.uploaded == FILES and {p.name for p in out.iterdir()} == EXPORTED
 
 
+@pytest.mark.slow
 def test_push_refused_before_any_work_when_offline_or_logged_out(trained_run, tmp_path, monkeypatch):
     ckpt = str(best_checkpoint(trained_run))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
@@ -75,6 +76,7 @@ def test_new_tokens_file_reaches_model_and_data_through_the_cli(tiny_model_dir, 
     assert ids == [len(tokenizer) - 1, len(tokenizer) - 2]
 
 
+@pytest.mark.slow
 def test_new_tokens_survive_fit_and_both_exports(tiny_model_dir, corpus_file, tmp_path):
     from conftest import tiny_fit_args
 
@@ -92,3 +94,23 @@ def test_new_tokens_survive_fit_and_both_exports(tiny_model_dir, corpus_file, tm
         model = AutoModelForMaskedLM.from_pretrained(directory)
         assert len(tokenizer) == model.config.vocab_size == model.get_input_embeddings().weight.shape[0]
         assert tokenizer("好评如潮", add_special_tokens=False)["input_ids"] == [len(tokenizer) - 2]
+
+
+@pytest.mark.slow
+def test_fill_mask_on_a_checkpoint_trained_with_new_tokens(tiny_model_dir, corpus_file, tmp_path, capsys):
+    """The checkpoint's tokenizer includes its new tokens (a smaller one would not fit the resized model)."""
+    from conftest import tiny_fit_args
+
+    from mlm_adapt.cli import main
+    from mlm_adapt.cli.fill_mask import load_for_inference
+
+    tokens = tmp_path / "new_tokens.txt"
+    tokens.write_text("好评如潮\n龘\n", encoding="utf-8")
+    root = tmp_path / "run"
+    main(["fit", *tiny_fit_args(tiny_model_dir, corpus_file, root, f"--model.new_tokens_file={tokens}")])
+    (ckpt,) = root.rglob("*.ckpt")
+    model, tokenizer = load_for_inference(str(ckpt))
+    assert len(tokenizer) == model.get_input_embeddings().weight.shape[0]
+    assert tokenizer.convert_ids_to_tokens(len(tokenizer) - 2) == "好评如潮"
+    main(["fill-mask", "好评[MASK][MASK]，龘", f"--model={ckpt}"])
+    assert "mask 2" in capsys.readouterr().out

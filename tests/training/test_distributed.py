@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from conftest import run_cli, tiny_fit_args
 from recorder import read_records
 
 from mlm_adapt.data.samplers import EpochSampler
 
 
+@pytest.mark.slow
 def test_ddp_fit_two_ranks_see_disjoint_examples_and_checkpoint_once(tiny_model_dir, corpus_file, tmp_path):
     rec = tmp_path / "rec"
     steps, batch_size = 4, 8

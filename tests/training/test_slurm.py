@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 
+import pytest
 import torch
 from conftest import REPO, run_cli, tiny_fit_args
 from recorder import read_records
@@ -12,6 +13,7 @@ from recorder import read_records
 SBATCH = REPO / "scripts" / "slurm" / "train.sbatch"
 
 
+@pytest.mark.slow
 def test_sigusr1_in_a_slurm_job_saves_a_checkpoint(tiny_model_dir, corpus_file, tmp_path, monkeypatch):
     # What srun exports to each task; Lightning's SLURMEnvironment is detected from these.
     slurm = {
