@@ -115,7 +115,7 @@ def resume_conflicts(
         current: The same sections for the run being started.
     """
     conflicts = []
-    for (section, key), _reason in FIXED_SETTINGS.items():
+    for section, key in FIXED_SETTINGS:
         old_section, new_section = saved.get(section), current.get(section)
         if old_section is None or new_section is None or key not in old_section or key not in new_section:
             continue
@@ -123,7 +123,7 @@ def resume_conflicts(
             _flatten(f"{section}.{key}", old_section[key]),
             _flatten(f"{section}.{key}", new_section[key]),
         )
-        for name in sorted(set(old) | set(new), key=list({**old, **new}).index):
+        for name in dict.fromkeys([*old, *new]):  # every leaf (optimizer arguments), in order
             if not _same(name, old.get(name), new.get(name)):
                 conflicts.append(f"{name}: {old.get(name)!r} -> {new.get(name)!r}")
     old_corpus = (saved.get("corpus") or {}).get(CORPUS_KEY)
