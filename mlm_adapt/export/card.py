@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
-from mlm_adapt.model.metrics import EVAL_METRICS
+from mlm_adapt.model.metrics import before_after_names, validation_prefix
 
 CONFIG_FILENAME = "training_config.yaml"
 DEFAULT_TAGS = ("bert", "fill-mask", "chinese", "whole-word-masking", "domain-adaptation", "mlm_adapt")
@@ -111,6 +111,16 @@ def _training_settings(info: ExportInfo) -> list[tuple[str, Any]]:
     return [(k, v) for k, v in rows if v is not None]
 
 
+def _validation_data(data: dict[str, Any]) -> str | None:
+    """Which data each validation set is: files, or the held-out part of the training documents."""
+    files, split = data.get("validation_files"), data.get("validation_split")
+    held_out = f"{split:.1%} of the training documents, held out" if split is not None else None
+    if not isinstance(files, dict):
+        return _fmt(files) if files else held_out
+    sets = [(validation_prefix(i, list(files)), name, value) for i, (name, value) in enumerate(files.items())]
+    return "; ".join(f"`{p}/*`: {n} ({_fmt(v) if v else held_out or 'held out'})" for p, n, v in sets)
+
+
 def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     """The ``README.md`` model card: Hub metadata, before/after metrics, corpus, masking and training."""
     base = str(info.model_hparams.get("model_name_or_path", "unknown"))
@@ -142,7 +152,9 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         "## Evaluation",
         "",
         "Masked-token metrics on the validation data, masked the same way as in training "
-        "(loss: cross-entropy over masked tokens; perplexity: its exponential).",
+        "(loss: cross-entropy over masked tokens; perplexity: its exponential). `val/*` is the first "
+        "validation set, `val_<name>/*` the others (see Corpus); `downstream/<task>/*` are labelled-task "
+        "scores of the encoder (the `downstream:` section of the training configuration).",
         "",
     ]
     before, after = info.baseline_metrics, info.final_metrics
@@ -151,19 +163,14 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
             f"after (step {info.final_metrics_step})" if info.final_metrics_step is not None else "after"
         )
         lines += [f"| metric | before (step 0, `{base}`) | {after_head} |", "|---|---:|---:|"]
-        for name in EVAL_METRICS:
+        for name in before_after_names(before, after):
             b, a = before.get(name), after.get(name)
             cells = [_fmt(v, 4) if v is not None else "n/a" for v in (b, a)]
             lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
     else:
         lines.append("No validation metrics were recorded for this checkpoint.")
     files = data.get("train_files") or ([data["dataset_name"]] if data.get("dataset_name") else [])
-    corpus = [("training data", files), ("validation data", data.get("validation_files"))]
-    if not data.get("validation_files") and data.get("validation_split") is not None:
-        corpus[-1] = (
-            "validation data",
-            f"{data['validation_split']:.1%} of the training documents, held out",
-        )
+    corpus = [("training data", files), ("validation data", _validation_data(data))]
     corpus += [(k.replace("_", " "), v) for k, v in info.corpus_stats.items()]
     masking = [
         ("masking", "whole-word masking (all tokens of a segmented word are masked together)"),

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForMaskedLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import MLMAdaptError, check_model_path
 from mlm_adapt.text.tokenizer import extend_tokenizer
 
 # Attribute names of the vocabulary-projection head in Hugging Face masked-LM classes (BERT, RoBERTa/XLM-R,
@@ -28,6 +28,7 @@ def load_masked_lm(
         attn_implementation: ``sdpa``, ``eager`` or ``None`` for the library default.
     """
     key = "model.model_name_or_path"
+    check_model_path(model_name_or_path, key)
     try:
         config = AutoConfig.from_pretrained(model_name_or_path)
     except Exception as exc:

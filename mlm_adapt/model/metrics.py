@@ -5,6 +5,9 @@ Word accuracy: a masked word counts as right only if all its masked tokens are.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import torch
 from torchmetrics import Metric
 from typing_extensions import override
@@ -50,16 +53,59 @@ class WordAccuracy(Metric):
         return self.correct.float() / self.total.clamp(min=1)
 
 
-# Validation metrics reported before/after adaptation (console, model card, export).
+def validation_prefix(index: int, names: Sequence[str] = ()) -> str:
+    """The metric prefix of the validation set at ``index``: ``val`` for the first, ``val_<name>`` after.
+
+    Args:
+        index: The set's position (Lightning's ``dataloader_idx``).
+        names: The sets' names (``MLMDataModule.validation_set_names``); ``val_<index>`` without them.
+    """
+    if index == 0:
+        return "val"
+    return f"val_{names[index]}" if index < len(names) else f"val_{index}"
+
+
+# Validation metrics of each set, in table order.
 EVAL_METRICS = ("val/loss", "val/accuracy", "val/word_accuracy", "val/perplexity")
+_EVAL_ORDER = [name.partition("/")[2] for name in EVAL_METRICS]
+# Logged metrics that are compared before and after adaptation: every validation set, every downstream task.
+BEFORE_AFTER_PREFIXES = ("val/", "val_", "downstream/")
 
 
-def metrics_table(before: dict[str, float], after: dict[str, float]) -> str:
-    """A plain-text before/after table of the validation metrics."""
-    lines = [f"{'metric':<16}{'before':>12}{'after':>12}"]
-    for name in EVAL_METRICS:
+def before_after_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The before/after metrics among logged ``metrics`` (e.g. ``trainer.callback_metrics``), as floats:
+    ``val/*`` (the first validation set), ``val_<name>/*`` (the others) and ``downstream/*`` (tasks)."""
+    return {k: float(v) for k, v in metrics.items() if k.startswith(BEFORE_AFTER_PREFIXES)}
+
+
+def before_after_names(before: Mapping[str, float], after: Mapping[str, float]) -> list[str]:
+    """The rows of a before/after table: the first validation set, the other sets, then downstream tasks.
+
+    Sets and tasks keep the order in which they were logged; a set's rows are loss, accuracy, word
+    accuracy, perplexity.
+    """
+    names = list(dict.fromkeys([*before, *after]))
+    groups: dict[str, int] = {}
+    for name in names:
+        groups.setdefault(name.rpartition("/")[0], len(groups))
+
+    def key(name: str) -> tuple[int, int, int]:
+        group, _, metric = name.rpartition("/")
+        kind = 0 if group == "val" else 2 if name.startswith("downstream/") else 1
+        position = _EVAL_ORDER.index(metric) if kind < 2 and metric in _EVAL_ORDER else len(_EVAL_ORDER)
+        return kind, groups[group], position
+
+    return sorted(names, key=key)  # stable: equal keys keep the logged order
+
+
+def metrics_table(before: Mapping[str, float], after: Mapping[str, float]) -> str:
+    """A plain-text before/after table of every validation set and downstream task."""
+    names = before_after_names(before, after)
+    width = max([len("metric"), *map(len, names)]) + 2
+    lines = [f"{'metric':<{width}}{'before':>12}{'after':>12}"]
+    for name in names:
         b, a = before.get(name), after.get(name)
         lines.append(
-            f"{name:<16}{'n/a' if b is None else f'{b:.4f}':>12}{'n/a' if a is None else f'{a:.4f}':>12}"
+            f"{name:<{width}}{'n/a' if b is None else f'{b:.4f}':>12}{'n/a' if a is None else f'{a:.4f}':>12}"
         )
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from typing_extensions import override
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.loading import extend_embeddings, load_masked_lm, split_head
-from mlm_adapt.model.metrics import WordAccuracy, word_keys
+from mlm_adapt.model.metrics import WordAccuracy, validation_prefix, word_keys
 from mlm_adapt.model.throughput import MLMThroughputMonitor, mlm_flops
 from mlm_adapt.text.tokenizer import load_tokenizer, read_new_tokens
 
@@ -98,18 +98,37 @@ class MaskedLMModule(L.LightningModule):
         if mask_attention == "exclude":
             rank_zero_warn(_EXCLUDE_WARNING)
         self.head_split = split_head(self.model) if masked_only_head else None
-        vocab_size = self.model.config.vocab_size
-        self.accuracy = nn.ModuleDict(
-            {s: MulticlassAccuracy(vocab_size, average="micro") for s in EVAL_STAGES}
-        )
-        self.word_accuracy = nn.ModuleDict({s: WordAccuracy() for s in EVAL_STAGES})
-        self.perplexity = nn.ModuleDict({s: Perplexity() for s in EVAL_STAGES})
+        # Metrics per evaluation prefix: ``val``, ``test`` and ``val_<name>`` of further validation sets.
+        self.accuracy, self.word_accuracy, self.perplexity = nn.ModuleDict(), nn.ModuleDict(), nn.ModuleDict()
+        for stage in EVAL_STAGES:
+            self._add_eval_metrics(stage)
         # Validation metrics of the unadapted model (the step-0 domain baseline), kept in checkpoints.
         self.baseline_metrics: dict[str, float] = {}
         self.last_validated_step = -1
         # FLOPs of the latest batch, read by Lightning's ThroughputMonitor.
         self.flops_per_batch: int | None = None
         self._compiled = False
+
+    def _add_eval_metrics(self, prefix: str) -> None:
+        self.accuracy[prefix] = MulticlassAccuracy(self.model.config.vocab_size, average="micro")
+        self.word_accuracy[prefix] = WordAccuracy()
+        self.perplexity[prefix] = Perplexity()
+
+    def _validation_prefix(self, dataloader_idx: int) -> str:
+        """The metric prefix of a validation set; its metrics are created on first use."""
+        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        prefix = validation_prefix(dataloader_idx, getattr(datamodule, "validation_set_names", ()))
+        if prefix not in self.accuracy:
+            self._add_eval_metrics(prefix)
+            for metrics in (self.accuracy, self.word_accuracy, self.perplexity):
+                metrics[prefix].to(self.device)
+        return prefix
+
+    @override
+    def setup(self, stage: str) -> None:
+        # Before the strategy moves and wraps the module: one set of metrics per validation set.
+        for index in range(1, len(getattr(self.trainer.datamodule, "validation_set_names", ()))):
+            self._validation_prefix(index)
 
     @override
     def configure_model(self) -> None:
@@ -167,20 +186,28 @@ class MaskedLMModule(L.LightningModule):
         self.flops_per_batch = mlm_flops(
             self.model.config, batch_size, seq_len, n_predicted, stage == "train"
         )
+        evaluating = stage != "train"
+        # Explicit names per set (val/*, val_<name>/*), not Lightning's dataloader_idx suffix.
+        log = {"add_dataloader_idx": False}
+        shown = stage in ("train", *EVAL_STAGES)
         self.log(
-            f"{stage}/loss", loss, prog_bar=True, batch_size=max(n_masked, 1), sync_dist=stage in EVAL_STAGES
+            f"{stage}/loss", loss, prog_bar=shown, batch_size=max(n_masked, 1), sync_dist=evaluating, **log
         )
-        if stage in EVAL_STAGES and n_masked:
+        if evaluating and n_masked:
             self.accuracy[stage](logits, labels)
             self.perplexity[stage](logits[None].float(), labels[None])
-            self.log(f"{stage}/accuracy", self.accuracy[stage], batch_size=n_masked)
+            self.log(f"{stage}/accuracy", self.accuracy[stage], batch_size=n_masked, **log)
             self.log(
-                f"{stage}/perplexity", self.perplexity[stage], batch_size=n_masked, prog_bar=stage == "val"
+                f"{stage}/perplexity",
+                self.perplexity[stage],
+                batch_size=n_masked,
+                prog_bar=stage == "val",
+                **log,
             )
             if "word_ids" in batch:
                 keys = word_keys(batch["word_ids"], batch["labels"] != -100)
                 self.word_accuracy[stage](logits.argmax(-1) == labels, keys)
-                self.log(f"{stage}/word_accuracy", self.word_accuracy[stage], batch_size=n_masked)
+                self.log(f"{stage}/word_accuracy", self.word_accuracy[stage], batch_size=n_masked, **log)
         return loss
 
     @override
@@ -188,8 +215,11 @@ class MaskedLMModule(L.LightningModule):
         return self._shared_step(batch, "train")
 
     @override
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self._shared_step(batch, "val")
+    def validation_step(
+        self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        # Several validation sets (data.validation_files as a mapping): one loader and prefix per set.
+        self._shared_step(batch, self._validation_prefix(dataloader_idx))
 
     @override
     def on_validation_epoch_end(self) -> None:

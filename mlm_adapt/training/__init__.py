@@ -5,17 +5,25 @@ from __future__ import annotations
 import lightning as L
 
 from mlm_adapt.training.baseline import BeforeAfterValidation
+from mlm_adapt.training.forgetting import ForgettingWarning
 from mlm_adapt.training.resume import ExactResume
 from mlm_adapt.training.scale import GlobalBatchInfo
 
 
 def default_callbacks() -> list[L.Callback]:
-    """Callbacks the CLI always adds (persistent ``trainer_defaults``): before/after, resume, scale.
+    """Callbacks the CLI always adds (persistent ``trainer_defaults``): before/after, resume, scale and the
+    forgetting warning (active when ``data.forgetting_warning`` is set).
 
     ``BeforeAfterValidation`` comes before ``ExactResume``: its step-0 validation runs in the first
     ``on_train_batch_start``, and ExactResume's reseeding after it keeps dropout independent of it.
     """
-    return [BeforeAfterValidation(), ExactResume(), GlobalBatchInfo()]
+    return [BeforeAfterValidation(), ExactResume(), GlobalBatchInfo(), ForgettingWarning()]
 
 
-__all__ = ["BeforeAfterValidation", "ExactResume", "GlobalBatchInfo", "default_callbacks"]
+__all__ = [
+    "BeforeAfterValidation",
+    "ExactResume",
+    "ForgettingWarning",
+    "GlobalBatchInfo",
+    "default_callbacks",
+]

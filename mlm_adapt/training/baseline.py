@@ -12,15 +12,7 @@ from typing import Any
 import lightning as L
 from typing_extensions import override
 
-from mlm_adapt.model.metrics import metrics_table
-
-# Logged metrics that are compared before and after adaptation.
-BEFORE_AFTER_PREFIXES = ("val/", "val_", "downstream/")
-
-
-def before_after_metrics(metrics: dict) -> dict[str, float]:
-    """The before/after metrics among logged ``metrics`` (``trainer.callback_metrics``), as floats."""
-    return {k: float(v) for k, v in metrics.items() if k.startswith(BEFORE_AFTER_PREFIXES)}
+from mlm_adapt.model.metrics import before_after_metrics, metrics_table
 
 
 def run_validation(trainer: L.Trainer) -> dict[str, float]:
