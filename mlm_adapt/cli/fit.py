@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from mlm_adapt.data import MLMDataModule
+from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
 from mlm_adapt.model import MaskedLMModule
@@ -60,6 +61,8 @@ class MLMAdaptCLI(LightningCLI):
         parser.link_arguments("model.new_tokens_file", "data.new_tokens_file")
         # Always present (``export:`` in YAML, ``--export.*`` flags); ``export.enabled: false`` turns it off.
         parser.add_lightning_class_args(HFExport, "export")
+        # ``downstream:`` in YAML: labelled tasks scored at step 0 and every validation (none by default).
+        parser.add_lightning_class_args(DownstreamEvaluation, "downstream")
 
     @override
     def before_instantiate_classes(self) -> None:
