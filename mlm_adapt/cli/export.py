@@ -22,7 +22,7 @@ class ExportCommand(ExportOptions):
 
     Args:
         ckpt_path: Checkpoint file (.ckpt: single device, DDP, FSDP full) or FSDP sharded directory.
-        output_dir: Directory to write; must be empty or absent unless --overwrite.
+        output_dir: Directory to write; must be empty or absent, or an earlier export with --overwrite.
         base_model: Base model directory or Hub name, if the one recorded in the checkpoint is not available
             here (its config and tokenizer are used; the weights come from the checkpoint).
     """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, DeviceStatsMonitor, LearningRateMonitor, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -12,9 +13,18 @@ from typing_extensions import override
 
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.downstream import DownstreamEvaluation
+from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
 from mlm_adapt.model import MaskedLMModule
+from mlm_adapt.model.checkpoints import checkpoint_metadata
 from mlm_adapt.training import default_callbacks
+from mlm_adapt.training.continue_logs import continue_csv_logs
+from mlm_adapt.training.resume_lookup import (
+    checkpoint_settings,
+    conflict_message,
+    resolve_resume,
+    resume_conflicts,
+)
 
 
 class MLMAdaptCLI(LightningCLI):
@@ -53,6 +63,36 @@ class MLMAdaptCLI(LightningCLI):
         parser.add_lightning_class_args(HFExport, "export")
         # ``downstream:`` in YAML: labelled tasks scored at step 0 and every validation (none by default).
         parser.add_lightning_class_args(DownstreamEvaluation, "downstream")
+
+    @override
+    def before_instantiate_classes(self) -> None:
+        # Before the loggers exist: `last` must name the killed run's checkpoint and its logger version.
+        if self.subcommand == "fit":
+            resolve_resume(self.config.fit)
+
+    def before_fit(self) -> None:
+        """Resuming: refuses changed fixed settings and a non-weights-only load, continues the CSV log."""
+        config = self.config.fit
+        if config.weights_only is False:
+            raise MLMAdaptError(
+                "weights_only=false: mlm_adapt reads checkpoints weights-only (a pickle could run code); "
+                "drop the flag"
+            )
+        ckpt_path = config.ckpt_path
+        if not ckpt_path or ckpt_path in ("best", "hpc"):
+            return
+        saved = checkpoint_metadata(ckpt_path)  # also refuses a crafted file before Lightning reads it
+        # The optimizer as the checkpoint stores it: in the resolved config, serialized by the same parser.
+        resolved = yaml.safe_load(self.parser.dump(self.config, skip_none=False))["fit"]
+        current = {
+            "model": {**self.model.hparams, "optimizer": resolved["model"]["optimizer"]},
+            "data": dict(self.datamodule.hparams),
+        }
+        conflicts = resume_conflicts(checkpoint_settings(saved), current)
+        if conflicts:
+            raise MLMAdaptError(conflict_message(ckpt_path, conflicts))
+        # Lightning logs the rows of optimizer step k at logger step k - 1.
+        continue_csv_logs(self.trainer.loggers, int(saved.get("global_step", 0)) - 1)
 
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:

@@ -27,6 +27,43 @@ DEFAULT_DIRNAME = "hf_model"
 # Strategies whose module holds the whole model on every rank (others shard it: export reads checkpoints).
 WHOLE_WEIGHTS = (SingleDeviceStrategy, DDPStrategy)
 
+# Hyper-parameters naming files or directories the run reads (the export must never contain them).
+_MODEL_INPUTS = ("model_name_or_path", "new_tokens_file")
+_DATA_INPUTS = ("train_files", "validation_files", "test_files", "mix_files", "user_dict", "cache_dir")
+
+
+def _run_dirs(trainer: L.Trainer) -> list[str]:
+    """Where the run keeps checkpoints and logs: the root directory, each logger's and checkpoint's."""
+    dirs = [trainer.default_root_dir]
+    for logger in trainer.loggers:
+        try:
+            dirs.append(logger.log_dir)
+        except (AttributeError, NotImplementedError, TypeError):  # loggers without a local directory
+            continue
+    dirs += [c.dirpath for c in trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]
+    return [d for d in dirs if d]
+
+
+def _inputs(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, list[str]]:
+    """Local files and directories the run reads, by config key."""
+    found: dict[str, list[str]] = {}
+    sources = [("model", pl_module.hparams, _MODEL_INPUTS)]
+    if trainer.datamodule is not None:
+        sources.append(("data", trainer.datamodule.hparams, _DATA_INPUTS))
+    for section, hparams, keys in sources:
+        for key in keys:
+            value = hparams.get(key)
+            # A file, a list of files, or named validation sets ({name: [files]}).
+            groups = list(value.values()) if isinstance(value, dict) else [value]
+            values = [v for g in groups for v in ([g] if isinstance(g, str) else list(g or []))]
+            # A Hub name (hfl/chinese-bert-wwm-ext) is no local path; globs are checked by their directory.
+            local = [v for v in values if isinstance(v, str) and (Path(v).exists() or "*" in v)]
+            if local:
+                found[f"{section}.{key}"] = local
+    if trainer.ckpt_path:
+        found["ckpt_path"] = [str(trainer.ckpt_path)]
+    return found
+
 
 @dataclass(kw_only=True, eq=False)
 class HFExport(ExportOptions, L.Callback):
@@ -87,7 +124,13 @@ class HFExport(ExportOptions, L.Callback):
                     f"{callback.mode!r}; make them agree"
                 )
         if trainer.is_global_zero:
-            check_output_dir(self.export_dir, self.overwrite, key="export.output_dir")
+            check_output_dir(
+                self.export_dir,
+                self.overwrite,
+                key="export.output_dir",
+                run_dirs=_run_dirs(trainer),
+                inputs=_inputs(trainer, pl_module),
+            )
             if self.push_to_hub:
                 check_hub_access(self.repo_id, key="export.repo_id")
 

@@ -37,7 +37,9 @@ def export_checkpoint(
         options: What to write and where to upload.
         base_model: Base model directory or Hub name, if the one recorded in the checkpoint is not here.
     """
-    check_output_dir(output_dir, options.overwrite)
+    # The checkpoint (and a local base model) must survive the export, whatever overwrite says.
+    inputs = {"--ckpt_path": [ckpt_path], "--base_model": [base_model] if base_model else []}
+    check_output_dir(output_dir, options.overwrite, inputs=inputs)
     if options.push_to_hub:
         check_hub_access(options.repo_id)
     checkpoint = load_checkpoint(ckpt_path)

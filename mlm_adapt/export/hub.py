@@ -8,6 +8,7 @@ from huggingface_hub import HfApi, constants, get_token
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.export.directory import MARKER
 
 # Connection failures surface as the HTTP client's own errors (httpx or httpx2, depending on the
 # huggingface_hub version); HfHubHTTPError derives from that client's HTTPError, so take it from there.
@@ -64,6 +65,7 @@ def push_folder(
             repo_type="model",
             revision=revision,
             commit_message=commit_message,
+            ignore_patterns=[MARKER],  # local bookkeeping of overwrite, not part of the model
         )
     except OfflineModeIsEnabled:
         raise MLMAdaptError(f"push_to_hub: HF_HUB_OFFLINE is set, nothing uploaded; {kept}") from None

@@ -13,7 +13,9 @@ class ExportOptions:
     """Options of every export (``export.*`` in a fit config, ``--*`` of ``python -m mlm_adapt export``).
 
     Args:
-        overwrite: Replace the contents of a non-empty output directory.
+        overwrite: Replace an earlier export in the output directory (recognised by its
+            .mlm_adapt-export.json marker), atomically. A directory holding anything else, the current
+            directory, a run directory and a directory holding an input are refused, overwrite or not.
         verify: Reload the export and compare its logits with the trained weights on a probe batch.
         license: License identifier in the model card.
         tags: Hub tags in the model card (default: bert, fill-mask, chinese, whole-word-masking, ...).

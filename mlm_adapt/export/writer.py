@@ -6,8 +6,6 @@ Used by the :class:`~mlm_adapt.export.callback.HFExport` callback at the end of 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -15,6 +13,9 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, P
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import CONFIG_FILENAME, ExportInfo, render_model_card
+from mlm_adapt.export.directory import check_output_dir, make_staging, publish, remove_staging
+
+__all__ = ["check_output_dir", "probe_batch", "verify_export", "write_export"]
 
 PROBE_TEXTS = ("北京{mask}{mask}你！", "这本书的内容很好，值得一读。", "房间太小，{mask}务也很一般。")
 
@@ -57,27 +58,6 @@ def verify_export(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, di
     return diff
 
 
-def check_output_dir(output_dir: str | Path, overwrite: bool, key: str = "--output_dir") -> None:
-    """Refuses a non-empty output directory unless ``overwrite`` (checked before any work is done)."""
-    path = Path(output_dir)
-    if path.exists() and not path.is_dir():
-        raise MLMAdaptError(f"{key}: {path} is a file; give a directory")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise MLMAdaptError(
-            f"{key}: {path} is not empty; choose another directory or pass overwrite (--overwrite)"
-        )
-
-
-def _move_into(staging: Path, output_dir: Path) -> None:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    for entry in output_dir.iterdir():
-        # Replace the previous export, but keep hidden entries (e.g. a .git of a cloned Hub repo).
-        if not entry.name.startswith("."):
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-    for entry in staging.iterdir():
-        shutil.move(str(entry), output_dir / entry.name)
-
-
 def write_export(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -85,19 +65,20 @@ def write_export(
     info: ExportInfo,
     overwrite: bool = False,
     verify: bool = True,
+    key: str = "--output_dir",
 ) -> float | None:
     """Writes ``model`` + ``tokenizer`` (``save_pretrained``, safetensors), the config and the model card.
 
-    Everything is written to a staging directory next to ``output_dir`` and checked there; ``output_dir``
-    is only filled (with ``overwrite``: its previous non-hidden content replaced) once the check passed.
+    Everything is written to a staging directory next to ``output_dir`` and checked there; it then becomes
+    ``output_dir`` by renames (:func:`~mlm_adapt.export.directory.publish`), replacing an earlier export
+    only with ``overwrite`` and only if ``output_dir`` holds nothing but that export.
 
     Returns:
         The reload check's largest logit difference (``None`` when ``verify`` is off).
     """
     output_dir = Path(output_dir)
-    check_output_dir(output_dir, overwrite)
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.staging-", dir=output_dir.parent))
+    check_output_dir(output_dir, overwrite, key=key)
+    staging = make_staging(output_dir)
     try:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
@@ -105,7 +86,8 @@ def write_export(
         title = info.repo_id.rsplit("/", 1)[-1] if info.repo_id else output_dir.resolve().name
         render_model_card(info, title=title).save(staging / "README.md")
         diff = verify_export(model, tokenizer, staging) if verify else None
-        _move_into(staging, output_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        publish(staging, output_dir, key=key)
+    except BaseException:
+        remove_staging(staging)
+        raise
     return diff

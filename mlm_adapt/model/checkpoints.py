@@ -6,13 +6,13 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from lightning.fabric.utilities.cloud_io import _load as pl_load
-from lightning.fabric.utilities.load import _METADATA_FILENAME, _load_distributed_checkpoint
+from lightning.fabric.utilities.load import _METADATA_FILENAME
 from lightning.pytorch.utilities.consolidate_checkpoint import _format_checkpoint
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError, check_model_path
 from mlm_adapt.model.module import MaskedLMModule
+from mlm_adapt.model.safe_load import check_sharded_metadata, load_sharded, load_weights_only
 from mlm_adapt.text.tokenizer import load_tokenizer
 
 
@@ -21,7 +21,8 @@ def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any
 
     A file is what the trainer writes under single-device, DDP and FSDP with ``state_dict_type="full"``;
     a directory holding ``meta.pt`` is an FSDP sharded checkpoint, consolidated here with Lightning's
-    own utilities (the same as ``python -m lightning.pytorch.utilities.consolidate_checkpoint``).
+    own utilities (the same as ``python -m lightning.pytorch.utilities.consolidate_checkpoint``). Both are
+    read weights-only (:mod:`mlm_adapt.model.safe_load`): a file that would run code is refused.
 
     Args:
         path: The ``.ckpt`` file or the sharded checkpoint directory.
@@ -32,19 +33,35 @@ def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any
         raise MLMAdaptError(f"{key}: {path} does not exist; give a .ckpt file the trainer wrote")
     if path.is_dir():
         if (path / _METADATA_FILENAME).is_file():
-            return _format_checkpoint(_load_distributed_checkpoint(path))
+            return _format_checkpoint(load_sharded(path, key))
         if (path / "latest").is_file() or (path / "checkpoint").is_dir():
             raise MLMAdaptError(
                 f"{key}: {path} is a DeepSpeed checkpoint; make it one file first with lightning.pytorch."
                 "utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict(DIR, FILE.ckpt)"
             )
         raise MLMAdaptError(f"{key}: {path} is a directory without {_METADATA_FILENAME}; give a .ckpt file")
-    try:
-        checkpoint = pl_load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise MLMAdaptError(f"{key}: cannot read {path} as a Lightning checkpoint: {exc}") from exc
+    checkpoint = load_weights_only(path, key)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise MLMAdaptError(f"{key}: {path} has no 'state_dict'; give a checkpoint written by the trainer")
+    return checkpoint
+
+
+def checkpoint_metadata(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
+    """A checkpoint's entries without reading its weights (hyper-parameters, step, callback states).
+
+    The whole pickle is still checked weights-only (a crafted file is refused here, before Lightning
+    reads it); tensors are memory-mapped, not read. For an FSDP sharded directory: its ``meta.pt``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise MLMAdaptError(f"{key}: {path} does not exist; give a .ckpt file the trainer wrote")
+    if path.is_dir():
+        check_sharded_metadata(path, key)
+        meta = path / _METADATA_FILENAME
+        return load_weights_only(meta, key) if meta.is_file() else {}
+    checkpoint = load_weights_only(path, key, mmap=True)
+    if not isinstance(checkpoint, dict):
+        raise MLMAdaptError(f"{key}: {path} is not a Lightning checkpoint; give a .ckpt file of fit")
     return checkpoint
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from fnmatch import fnmatch
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +21,7 @@ from mlm_adapt.cli import main
 from mlm_adapt.cli.export import export_main
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
+from mlm_adapt.export.directory import MARKER
 from mlm_adapt.export.writer import verify_export
 
 PROBE = ["北京[MASK][MASK]你！", "这本书的内容很好，值得一读。"]
@@ -31,6 +33,7 @@ FILES = {
     "training_config.yaml",
     "README.md",
 }
+EXPORTED = FILES | {MARKER}  # the marker that lets overwrite recognise an earlier export
 
 
 def export(**options) -> None:
@@ -68,7 +71,7 @@ def card_table(card_path: Path) -> dict[str, tuple[str, str]]:
 @pytest.mark.slow
 def test_fit_exports_best_checkpoint_with_identical_logits(trained_run, tiny_model_dir, tokenizer):
     export_dir = trained_run / "export"
-    assert {p.name for p in export_dir.iterdir()} == FILES
+    assert {p.name for p in export_dir.iterdir()} == EXPORTED
     best = best_checkpoint(trained_run)
     assert str(best) in (export_dir / "README.md").read_text(encoding="utf-8")  # best, not last
     assert torch.equal(export_logits(export_dir), checkpoint_logits(best, tiny_model_dir, tokenizer))
@@ -115,7 +118,7 @@ def test_export_command_from_checkpoint_and_overwrite_refusal(trained_run, tmp_p
     out = tmp_path / "exported"
     main(["export", f"--ckpt_path={best_checkpoint(trained_run)}", f"--output_dir={out}"])
     assert "reload check: AutoModelForMaskedLM logits match the checkpoint" in capsys.readouterr().out
-    assert {p.name for p in out.iterdir()} == FILES
+    assert {p.name for p in out.iterdir()} == EXPORTED
     assert card_table(out / "README.md") == card_table(trained_run / "export" / "README.md")
     assert torch.equal(export_logits(out), export_logits(trained_run / "export"))
 
@@ -126,17 +129,22 @@ def test_export_command_from_checkpoint_and_overwrite_refusal(trained_run, tmp_p
     assert "is not empty" in capsys.readouterr().err
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
 
-    (out / "stale.bin").write_bytes(b"old")
-    (out / ".git").mkdir()
-    main(
-        [
-            "export",
-            f"--ckpt_path={trained_run / 'checkpoints' / 'last.ckpt'}",
-            f"--output_dir={out}",
-            "--overwrite",
-        ]
-    )
-    assert {p.name for p in out.iterdir()} == FILES | {".git"}  # replaced; hidden entries kept
+    overwrite = [
+        "export",
+        f"--ckpt_path={trained_run / 'checkpoints' / 'last.ckpt'}",
+        f"--output_dir={out}",
+        "--overwrite",
+    ]
+    (out / "notes.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(SystemExit):
+        main(overwrite)  # overwrite replaces only what an export wrote
+    assert "holds notes.txt, which no export wrote" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text(encoding="utf-8") == "mine"
+
+    (out / "notes.txt").unlink()
+    main(overwrite)
+    assert {p.name for p in out.iterdir()} == EXPORTED
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]  # no staging or backup left
 
 
 @pytest.mark.slow
@@ -181,7 +189,9 @@ class HubRecorder:
 
         def upload_folder(api, **kwargs):
             recorder.calls.append(("upload_folder", kwargs))
-            recorder.uploaded = {p.name for p in Path(kwargs["folder_path"]).iterdir()}
+            ignored = kwargs.get("ignore_patterns") or []
+            names = [p.name for p in Path(kwargs["folder_path"]).iterdir()]
+            recorder.uploaded = {n for n in names if not any(fnmatch(n, i) for i in ignored)}
             if fail_upload:
                 request = httpx2.Request("POST", "https://huggingface.co/api/models/x/commit/main")
                 raise HfHubHTTPError("Unauthorized", response=httpx2.Response(fail_upload, request=request))
@@ -229,6 +239,7 @@ def test_export_push_to_hub_arguments(trained_run, tmp_path, monkeypatch, capsys
                 "repo_type": "model",
                 "revision": "adapted",
                 "commit_message": "Adapted on reviews",
+                "ignore_patterns": [MARKER],
             },
         ),
     ]
@@ -248,7 +259,7 @@ def test_push_unauthorized_keeps_local_export(trained_run, tmp_path, monkeypatch
             ckpt_path=str(best_checkpoint(trained_run)), output_dir=str(out), push_to_hub=True, repo_id="x/y"
         )
     assert "hf_secret_value" not in str(error.value) + capsys.readouterr().out
-    assert hub.uploaded == FILES and {p.name for p in out.iterdir()} == FILES
+    assert hub.uploaded == FILES and {p.name for p in out.iterdir()} == EXPORTED
 
 
 @pytest.mark.slow
@@ -302,4 +313,6 @@ def test_callback_refuses_non_empty_output_dir_before_training(tmp_path):
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
     with pytest.raises(MLMAdaptError, match=r"export.output_dir: .*out is not empty"):
         HFExport(output_dir=str(tmp_path / "out")).setup(trainer, L.LightningModule(), "fit")
-    HFExport(output_dir=str(tmp_path / "out"), overwrite=True).setup(trainer, L.LightningModule(), "fit")
+    with pytest.raises(MLMAdaptError, match=r"export.output_dir: .*out is not an mlm_adapt export"):
+        HFExport(output_dir=str(tmp_path / "out"), overwrite=True).setup(trainer, L.LightningModule(), "fit")
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == b"previous"  # never deleted

@@ -1,0 +1,42 @@
+"""The training-corpus fingerprint that a resume compares: stable for the same data, not for other data."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from conftest import make_datamodule
+
+from mlm_adapt.data.fingerprint import corpus_fingerprint
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.training import ExactResume
+
+
+def fingerprint(model_dir, corpus, cache_root, **overrides) -> str:
+    datamodule = make_datamodule(model_dir, corpus, cache_root, validation_split=0.1, **overrides)
+    datamodule.setup("fit")
+    return corpus_fingerprint(datamodule)
+
+
+def test_same_corpus_moved_keeps_its_fingerprint_other_data_does_not(tiny_model_dir, corpus_file, tmp_path):
+    original = fingerprint(tiny_model_dir, corpus_file, tmp_path)
+    moved = tmp_path / "elsewhere" / "reviews.txt"
+    moved.parent.mkdir()
+    shutil.copy(corpus_file, moved)
+    assert fingerprint(tiny_model_dir, moved, tmp_path) == original
+    other = tmp_path / "other" / "reviews.txt"
+    other.parent.mkdir()
+    lines = corpus_file.read_text(encoding="utf-8").splitlines()
+    other.write_text("\n".join(lines[: len(lines) // 2]) + "\n", encoding="utf-8")
+    assert fingerprint(tiny_model_dir, other, tmp_path) != original
+    assert fingerprint(tiny_model_dir, corpus_file, tmp_path, max_seq_length=32) != original
+
+
+def test_resume_on_another_corpus_is_refused():
+    callback = ExactResume(seed=1)
+    callback.corpus_fingerprint = "b" * 32
+    callback.load_state_dict({"corpus_fingerprint": "b" * 32})  # the same corpus: fine
+    with pytest.raises(
+        MLMAdaptError, match=r"cannot resume .*training corpus: fingerprint aaaaaaaaaaaa -> bbbb"
+    ):
+        callback.load_state_dict({"corpus_fingerprint": "a" * 32})

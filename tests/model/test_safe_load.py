@@ -1,0 +1,89 @@
+"""Checkpoints are loaded without running code from them (weights_only), and old checkpoints still load."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.fabric.strategies.fsdp import _distributed_checkpoint_save
+from lightning.fabric.utilities.load import _METADATA_FILENAME
+
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.model.safe_load import load_sharded, load_weights_only
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "v0_1" / "last.ckpt"
+
+
+class CreatesMarker:
+    """Unpickling this runs code: it creates ``path`` (what an attacker's payload would do instead)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.path)!r}, 'w').close()",)
+
+
+def crafted_checkpoint(path: Path, marker: Path) -> Path:
+    """A file that looks like a Lightning checkpoint and runs code when unpickled."""
+    torch.save({"state_dict": {"w": torch.zeros(2)}, "hyper_parameters": {"x": CreatesMarker(marker)}}, path)
+    return path
+
+
+def test_crafted_checkpoint_is_refused_without_running_its_code(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = crafted_checkpoint(tmp_path / "evil.ckpt", marker)
+    refused = r"--ckpt_path: refusing to load .*evil\.ckpt: it needs (builtins\.)?exec"
+    with pytest.raises(MLMAdaptError, match=refused):
+        load_weights_only(evil)
+    assert not marker.exists()
+    torch.load(evil, weights_only=False)  # the payload is real: a trusting load runs it
+    assert marker.exists()
+
+
+def test_checkpoint_of_version_0_1_loads_weights_only():
+    checkpoint = load_weights_only(FIXTURE)
+    assert checkpoint["hyper_parameters"]["model_name_or_path"] == "tiny-bert"
+    assert checkpoint["global_step"] == 4 and checkpoint["mlm_adapt_baseline_metrics"]["val/loss"] > 0
+    assert any(k.startswith("model.") for k in checkpoint["state_dict"])
+
+
+def test_unreadable_file_is_one_line(tmp_path):
+    broken = tmp_path / "broken.ckpt"
+    broken.write_bytes(b"not a checkpoint")
+    with pytest.raises(MLMAdaptError, match=r"^--model: cannot read .*broken\.ckpt as a Lightning"):
+        load_weights_only(broken, key="--model")
+
+
+def sharded_checkpoint(directory: Path) -> Path:
+    """An FSDP sharded checkpoint as FSDPStrategy lays it out: DCP shards + .metadata, the rest in meta.pt."""
+    _distributed_checkpoint_save({"model": {"model.w": torch.arange(6.0).reshape(2, 3)}}, directory)
+    torch.save({"global_step": 3, "hyper_parameters": {"max_seq_length": 64}}, directory / _METADATA_FILENAME)
+    return directory
+
+
+def test_sharded_checkpoint_loads(tmp_path):
+    checkpoint = load_sharded(sharded_checkpoint(tmp_path / "step3.ckpt"))
+    assert torch.equal(checkpoint["model"]["model.w"], torch.arange(6.0).reshape(2, 3))
+    assert checkpoint["global_step"] == 3
+
+
+def test_crafted_sharded_metadata_is_refused_without_running_its_code(tmp_path):
+    directory = sharded_checkpoint(tmp_path / "step3.ckpt")
+    marker = tmp_path / "pwned"
+    # torch.distributed.checkpoint reads .metadata with a plain pickle.load.
+    (directory / ".metadata").write_bytes(pickle.dumps(CreatesMarker(marker)))
+    with pytest.raises(MLMAdaptError, match=r"refusing to load .*\.metadata: it needs (builtins\.)?exec"):
+        load_sharded(directory)
+    assert not marker.exists()
+
+
+def test_crafted_sharded_meta_pt_is_refused(tmp_path):
+    directory = sharded_checkpoint(tmp_path / "step3.ckpt")
+    marker = tmp_path / "pwned"
+    crafted_checkpoint(directory / _METADATA_FILENAME, marker)
+    with pytest.raises(MLMAdaptError, match=r"refusing to load .*meta\.pt"):
+        load_sharded(directory)
+    assert not marker.exists()

