@@ -111,7 +111,11 @@ def test_traceback_only_with_debug_in_a_subprocess(tiny_model_dir, tmp_path):
 
 
 def _demo_fit(tiny_model_dir: Path, corpus: Path, root: Path, *extra: str):
-    """``fit --config configs/demo.yaml`` on the tiny model, 2 steps, run in ``root`` (its relative paths)."""
+    """``fit --config configs/demo.yaml`` on the tiny model, 2 steps, run in ``root`` (its relative paths).
+
+    The demo's second validation set and its downstream tasks come from ``prepare_demo.py``; here the
+    general set is the test corpus and the tasks are off (what is tested is the trainer flags).
+    """
     return run_cli(
         "fit",
         "--config",
@@ -119,6 +123,8 @@ def _demo_fit(tiny_model_dir: Path, corpus: Path, root: Path, *extra: str):
         f"--model.model_name_or_path={tiny_model_dir}",
         "--model.max_seq_length=64",
         f"--data.train_files=[{corpus}]",
+        f"--data.validation_files={{domain: null, general: [{corpus}]}}",
+        "--downstream.tasks=[]",
         "--data.num_workers=0",
         "--data.batch_size=8",
         f"--data.cache_dir={root / 'hf_cache'}",
