@@ -1,8 +1,11 @@
 """Benchmark: preprocessing (segment + tokenize + word ids) speed, and peak memory on growing corpora.
 
-1. Mchar/s on one core: mlm_adapt's ``tokenize_with_word_ids`` (rjieba + char-table fast path) vs the naive
-   baseline (``jieba.lcut`` + one tokenizer call per line), vs mlm_adapt's previous path (rjieba + one
-   batched ``is_split_into_words`` call), and rjieba alone (the ceiling). Goal: >= 3 Mchar/s per core.
+0. Per tokenizer family (WordPiece, SentencePiece Unigram, byte-level BPE): the fraction of lines whose
+   training ids equal the tokenizer's own ids, before (word-list tokenization) and after (whole text).
+1. Mchar/s on one core, per tokenizer family: mlm_adapt's ``tokenize_with_word_ids`` (rjieba + whole-text
+   tokenization + alignment; BERT's char-table fast path) vs the word-list path it replaced and the tokenizer
+   alone, the naive baseline (``jieba.lcut`` + one tokenizer call per line) and rjieba alone (the ceiling).
+   Goals: >= 3 Mchar/s per core for WordPiece, >= 1 Mchar/s per core for the other families.
 2. Mchar/s with all cores: ``datasets.map(num_proc=cpu_count)``, ours vs the naive baseline.
 3. Peak RSS of the real pipeline (``MLMDataModule.prepare_data`` then ``setup``: load, segment, tokenize,
    pack, written to the Arrow cache) on the reviews repeated to growing sizes, each in a fresh process.
@@ -31,6 +34,7 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # families.py: tiny tokenizers
 
 from _bench_common import machine, reviews, table, tiny_model  # noqa: E402
 
@@ -51,40 +55,72 @@ def naive(texts, tokenizer, jieba_tokenizer) -> dict:
 
 def _batched(fn, texts, batch_size=1000):
     for start in range(0, len(texts), batch_size):
-        fn(texts[start : start + batch_size])
+        fn(texts[start : start + batch_size])  # results dropped, as datasets.map writes them out
 
 
-def per_core(texts, tokenizer, rounds: int) -> list[list[object]]:
+def split_words(words, tokenizer) -> dict:
+    """mlm_adapt before issue 10: the jieba word list tokenized word by word (``is_split_into_words``)."""
+    encoding = tokenizer(list(words), is_split_into_words=True, add_special_tokens=False)
+    word_ids = [[-1 if w is None else w for w in encoding.word_ids(i)] for i in range(len(words))]
+    return {"input_ids": encoding["input_ids"], "word_ids": word_ids}
+
+
+def family_tokenizers(model_dir: Path) -> dict[str, object]:
+    """WordPiece (the tiny BERT's character vocabulary), and tiny SentencePiece Unigram (XLM-R style) and
+    byte-level BPE (ModernBERT/Qwen2 style) tokenizers trained on 600 reviews (``tests/families.py``)."""
+    from families import build_tokenizer, training_texts
+    from transformers import AutoTokenizer
+
+    out = {"WordPiece (BERT)": AutoTokenizer.from_pretrained(model_dir)}
+    for name, family in (
+        ("SentencePiece Unigram (XLM-R)", "xlmr"),
+        ("byte-level BPE (ModernBERT)", "modernbert"),
+    ):
+        directory = BENCH_DIR / f"tokenizer-{family}"
+        if not (directory / "tokenizer.json").exists():
+            build_tokenizer(family, training_texts(), directory)
+        out[name] = AutoTokenizer.from_pretrained(directory)
+    return out
+
+
+def per_core(texts, tokenizers: dict, rounds: int) -> list[list[object]]:
     import jieba
 
     from mlm_adapt.text.segment import Segmenter
-    from mlm_adapt.text.tokens import _tokenize_split_words, tokenize_with_word_ids
+    from mlm_adapt.text.tokens import tokenize_with_word_ids
 
     jieba.setLogLevel(60)
     jieba_tok = jieba.Tokenizer()
     jieba_tok.initialize()
     seg = Segmenter("rjieba")
     small = texts[: len(texts) // 8]  # the slow paths get an eighth of the text
+    bert = tokenizers["WordPiece (BERT)"]
     cases = {
-        "naive: jieba.lcut + tokenizer per line": (small, lambda b: naive(b, tokenizer, jieba_tok)),
-        "mlm_adapt before: rjieba + batched is_split_into_words": (
-            small,
-            lambda b: _tokenize_split_words([seg(t) for t in b], tokenizer),
-        ),
-        "mlm_adapt: rjieba + char-table fast path": (
-            texts,
-            lambda b: tokenize_with_word_ids(b, tokenizer, seg),
-        ),
-        "rjieba segmentation alone (ceiling)": (texts, lambda b: [seg(t) for t in b]),
+        "naive (WordPiece): jieba.lcut + tokenizer per line": (small, lambda b: naive(b, bert, jieba_tok))
     }
-    tokenize_with_word_ids(texts[:2000], tokenizer, seg)  # warm the per-process char table
+    for name, tok in tokenizers.items():
+        cases[f"{name}: before, word list (is_split_into_words)"] = (
+            small,
+            lambda b, tok=tok: split_words([seg(t) for t in b], tok),
+        )
+        cases[f"{name}: mlm_adapt, whole text + alignment"] = (
+            texts,
+            lambda b, tok=tok: tokenize_with_word_ids(b, tok, seg),
+        )
+        cases[f"{name}: tokenizer alone (encode_batch, whole text)"] = (
+            small,
+            lambda b, tok=tok: tok.backend_tokenizer.encode_batch(b, add_special_tokens=False),
+        )
+    cases["rjieba segmentation alone (ceiling)"] = (texts, lambda b: [seg(t) for t in b])
+    for tok in tokenizers.values():
+        tokenize_with_word_ids(texts[:2000], tok, seg)  # warm the per-process char table
     rates: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(rounds):
         for name, (data, fn) in cases.items():
             start = time.perf_counter()
             _batched(fn, data)
             rates[name].append(sum(map(len, data)) / (time.perf_counter() - start) / 1e6)
-    base = statistics.median(rates["naive: jieba.lcut + tokenizer per line"])
+    base = statistics.median(rates["naive (WordPiece): jieba.lcut + tokenizer per line"])
     return [
         [
             name,
@@ -94,6 +130,37 @@ def per_core(texts, tokenizer, rounds: int) -> list[list[object]]:
         ]
         for name, r in rates.items()
     ]
+
+
+def identical(texts, tokenizers: dict) -> list[list[object]]:
+    """Fraction of lines whose training ids equal ``tokenizer(line, add_special_tokens=False)``."""
+    from mlm_adapt.text.segment import Segmenter
+    from mlm_adapt.text.tokens import tokenize_with_word_ids
+
+    seg = Segmenter("rjieba")
+    rows = []
+    for name, tok in tokenizers.items():
+        own = tok(list(texts), add_special_tokens=False)["input_ids"]
+        counts = {"before": 0, "after": 0}
+        for start in range(0, len(texts), 1000):
+            batch = texts[start : start + 1000]
+            before = split_words([seg(t) for t in batch], tok)["input_ids"]
+            after = tokenize_with_word_ids(batch, tok, seg)["input_ids"]
+            reference = own[start : start + 1000]
+            counts["before"] += sum(a == b for a, b in zip(before, reference, strict=True))
+            counts["after"] += sum(a == b for a, b in zip(after, reference, strict=True))
+        n_before = sum(len(x) for x in split_words([seg(t) for t in texts[:2000]], tok)["input_ids"])
+        n_own = sum(len(x) for x in own[:2000])
+        rows.append(
+            [
+                name,
+                f"{len(texts):,}",
+                f"{counts['before']:,} ({counts['before'] / len(texts):.1%})",
+                f"{counts['after']:,} ({counts['after'] / len(texts):.1%})",
+                f"{n_before / n_own:.2f}",
+            ]
+        )
+    return rows
 
 
 def _naive_batch(batch, tokenizer):
@@ -260,10 +327,14 @@ def main() -> None:
     model_dir = tiny_model(BENCH_DIR / "tiny-bert")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     texts = reviews()
+    tokenizers = family_tokenizers(model_dir)
     print(f"# bench_data: {machine()}")
     if not args.memory_only:
+        print("\n## Training ids identical to the tokenizer's own, per line (reviews)")
+        header = ["tokenizer", "lines", "before (word list)", "after (whole text)", "tokens before / own"]
+        print(table(header, identical(texts, tokenizers)))
         print("\n## One core (RAYON_NUM_THREADS=1), median of", args.rounds, "interleaved rounds")
-        print(table(["pipeline", "Mchar", "Mchar/s", "vs naive"], per_core(texts, tokenizer, args.rounds)))
+        print(table(["pipeline", "Mchar", "Mchar/s", "vs naive"], per_core(texts, tokenizers, args.rounds)))
         print("\n## All cores (datasets.map num_proc)")
         header = ["pipeline", "processes", "Mchar", "Mchar/s", "vs naive"]
         print(table(header, all_cores(texts, tokenizer, model_dir)))

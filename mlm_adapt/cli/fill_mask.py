@@ -16,9 +16,9 @@ import transformers
 from jsonargparse import auto_cli
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import MLMAdaptError, check_model_path
 from mlm_adapt.model.checkpoints import load_checkpoint, module_from_checkpoint, tokenizer_for
-from mlm_adapt.text.tokens import join_tokens
+from mlm_adapt.text.vocabulary import join_pieces, piece_text
 
 MODES = {"none": "[MASK] attended", "zero": "[MASK] not attended"}
 
@@ -49,6 +49,7 @@ def load_for_inference(model: str) -> tuple[PreTrainedModel, PreTrainedTokenizer
         checkpoint = load_checkpoint(path, key="--model")
         module = module_from_checkpoint(checkpoint, key="--model")
         return module.model.eval(), tokenizer_for(checkpoint)
+    check_model_path(model, "--model")
     try:
         return AutoModelForMaskedLM.from_pretrained(model).eval(), AutoTokenizer.from_pretrained(model)
     except Exception as exc:
@@ -96,6 +97,12 @@ def predict(
     device = next(model.parameters()).device
     encoded = tokenizer(text, return_tensors="pt")
     input_ids = encoded["input_ids"][0].to(device)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and len(input_ids) > limit:
+        raise MLMAdaptError(
+            f"TEXT is {len(input_ids)} tokens ([CLS]/[SEP] included); the model takes at most {limit}: "
+            "shorten it to the sentence around the masks"
+        )
     positions = (input_ids == tokenizer.mask_token_id).nonzero().flatten().tolist()
     if not positions:
         raise MLMAdaptError(
@@ -113,7 +120,7 @@ def predict(
     predictions = []
     for pos in positions:
         values, indices = probs[pos].topk(min(top_k, probs.shape[-1]))
-        tokens = tokenizer.convert_ids_to_tokens(indices.tolist())
+        tokens = [piece_text(tokenizer, i) for i in indices.tolist()]
         predictions.append(
             MaskPrediction(pos, [(t, v) for t, v in zip(tokens, values.tolist(), strict=True)])
         )
@@ -128,10 +135,12 @@ def predict(
             remaining.remove(best)
             if remaining:
                 step_probs = _probs(model, ids, attention(ids), banned)
-        tokens = tokenizer.convert_ids_to_tokens(ids.tolist())
-        word = join_tokens(tokens[run[0] : run[-1] + 1])
-        # The text with this run filled in (other masks stay [MASK]), without [CLS]/[SEP].
-        filled = join_tokens([t for t in tokens if t not in (tokenizer.cls_token, tokenizer.sep_token)])
+        filled_ids = ids.tolist()
+        # Decoded, not joined piece by piece: byte-level pieces of one character print as that character.
+        word = join_pieces(tokenizer, filled_ids[run[0] : run[-1] + 1])
+        # The text with this run filled in (other masks stay masks), without [CLS]/[SEP] (or <s>/</s>).
+        kept = [i for i in filled_ids if i == tokenizer.mask_token_id or i not in banned]
+        filled = join_pieces(tokenizer, kept)
         fillings.append(
             WordFilling(positions.index(run[0]), positions.index(run[-1]), word, filled, probability)
         )

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import Callback, DeviceStatsMonitor, LearningRateMonitor, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from mlm_adapt.data import MLMDataModule
+from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.export import HFExport
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.training import default_callbacks
@@ -45,3 +51,36 @@ class MLMAdaptCLI(LightningCLI):
         parser.link_arguments("model.new_tokens_file", "data.new_tokens_file")
         # Always present (``export:`` in YAML, ``--export.*`` flags); ``export.enabled: false`` turns it off.
         parser.add_lightning_class_args(HFExport, "export")
+        # ``downstream:`` in YAML: labelled tasks scored at step 0 and every validation (none by default).
+        parser.add_lightning_class_args(DownstreamEvaluation, "downstream")
+
+    @override
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        # The shipped configs list a progress bar and a LearningRateMonitor; --trainer.enable_progress_bar
+        # false (what cluster jobs pass) and --trainer.logger false then mean "without them", not a
+        # MisconfigurationException.
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        trainer_config["callbacks"] = without_disabled(
+            trainer_config.get("callbacks"),
+            progress_bar=trainer_config.get("enable_progress_bar") is not False,
+            logger=trainer_config.get("logger") not in (False, []),
+        )
+        return super().instantiate_trainer(**kwargs)
+
+
+def without_disabled(callbacks: Any, progress_bar: bool, logger: bool) -> Any:
+    """``callbacks`` without progress bars (``progress_bar`` false) or logging monitors (``logger`` false)."""
+    if not isinstance(callbacks, list):
+        return callbacks
+    dropped: tuple[type[Callback], ...] = ()
+    if not progress_bar:
+        dropped += (ProgressBar,)
+    if not logger:
+        dropped += (LearningRateMonitor, DeviceStatsMonitor)
+    kept = [c for c in callbacks if not isinstance(c, dropped)]
+    names = sorted({type(c).__name__ for c in callbacks if isinstance(c, dropped)})
+    if names:
+        reasons = [("trainer.enable_progress_bar=false", progress_bar), ("trainer.logger=false", logger)]
+        reason = " and ".join(text for text, kept_on in reasons if not kept_on)
+        rank_zero_info(f"mlm_adapt: {reason}: leaving out {', '.join(names)} from trainer.callbacks")
+    return kept

@@ -16,16 +16,20 @@ from typing_extensions import override
 
 from mlm_adapt.cli.fit import MLMAdaptCLI
 from mlm_adapt.data import MLMDataModule
-from mlm_adapt.text.tokens import join_tokens
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.text.vocabulary import join_pieces, piece_text
 
 
 def batch_examples(batch: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase) -> Iterator[dict]:
-    """Splits a collated batch into JSON-ready examples (``word_ids`` null on special and pad tokens)."""
+    """Splits a collated batch into JSON-ready examples (``word_ids`` null on special and pad tokens).
+
+    ``tokens`` are readable pieces (:func:`~mlm_adapt.text.vocabulary.piece_text`: ``是``, not ``æĺ¯``).
+    """
     for row in range(batch["input_ids"].shape[0]):
         input_ids = batch["input_ids"][row].tolist()
         word_ids = batch["word_ids"][row].tolist()
         yield {
-            "tokens": tokenizer.convert_ids_to_tokens(input_ids),
+            "tokens": [piece_text(tokenizer, i) for i in input_ids],
             "input_ids": input_ids,
             "attention_mask": batch["attention_mask"][row].tolist(),
             "labels": batch["labels"][row].tolist(),
@@ -43,15 +47,19 @@ def render_text(example: dict, tokenizer: PreTrainedTokenizerBase) -> str:
             words[-1][1].append(pos)
         else:
             words.append((word, [pos]))
-    labels, seen = example["labels"], example["tokens"]
+    labels, input_ids = example["labels"], example["input_ids"]
     parts, n_masked_words, n_masked = [], 0, 0
     for _, positions in words:
-        shown = join_tokens([seen[p] for p in positions])
-        if any(labels[p] != -100 for p in positions):
-            original = join_tokens(tokenizer.convert_ids_to_tokens([labels[p] for p in positions]))
+        # Decoded per word, so byte-level pieces of one character print as that character.
+        shown = join_pieces(tokenizer, [input_ids[p] for p in positions])
+        predicted = [p for p in positions if labels[p] != -100]
+        if predicted:
+            # A piece without a label (an [UNK] is never a target) was left as is: its input is the original.
+            original_ids = [labels[p] if labels[p] != -100 else input_ids[p] for p in positions]
+            original = join_pieces(tokenizer, original_ids)
             parts.append(f"【{original}→{shown}】")
             n_masked_words += 1
-            n_masked += len(positions)
+            n_masked += len(predicted)
         else:
             parts.append(shown)
     length = sum(example["attention_mask"])
@@ -88,6 +96,8 @@ def preview_main(args: list[str]) -> None:
     """Prints the first ``--num_examples`` training examples exactly as the collator masks them."""
     cli = PreviewCLI(args=args, run=False, save_config_callback=None)
     datamodule, config = cli.datamodule, cli.config
+    if config.num_examples < 1:
+        raise MLMAdaptError(f"--num_examples={config.num_examples} must be at least 1")
     datamodule.setup("fit")
     tokenizer = datamodule.tokenizer
     shown = 0

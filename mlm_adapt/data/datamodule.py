@@ -10,13 +10,13 @@ import datasets
 import lightning as L
 import pyarrow.compute as pc
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
-from mlm_adapt.data.preprocess import is_non_empty, to_blocks
+from mlm_adapt.data.preprocess import is_non_empty, mix_documents, to_blocks
 from mlm_adapt.data.samplers import KeyedDataset, train_sampler
 from mlm_adapt.data.streaming import StreamingCorpus, load_hub_stream, load_stream
 from mlm_adapt.data.validation_sets import ValidationFiles, ValidationSets, check_forgetting_warning
@@ -139,6 +139,10 @@ class MLMDataModule(L.LightningDataModule):
             raise MLMAdaptError(
                 f"data.max_seq_length={max_seq_length} is too short; use at least 8 (e.g. 512)"
             )
+        sizes = {"batch_size": 1, "eval_batch_size": 1, "num_workers": 0, "preprocessing_num_workers": 1}
+        for key, least in sizes.items():  # torch and datasets would refuse them only after preprocessing
+            if self.hparams[key] is not None and self.hparams[key] < least:
+                raise MLMAdaptError(f"data.{key}={self.hparams[key]} must be at least {least}")
         if not 0.0 <= mix_probability < 1.0:
             raise MLMAdaptError(f"data.mix_probability={mix_probability} must be in [0, 1), e.g. 0.2")
         if mix_probability > 0 and not mix_files:
@@ -197,21 +201,7 @@ class MLMDataModule(L.LightningDataModule):
     def _mix_general(self, train: datasets.Dataset) -> datasets.Dataset:
         """Interleaves general documents into ``train`` at ``mix_probability``, keeping every domain one."""
         hp = self.hparams
-        mix = self._read_files("mix_files")
-        wanted = round(len(train) * hp.mix_probability / (1 - hp.mix_probability))
-        if len(mix) < wanted:
-            rank_zero_warn(
-                f"data.mix_files: {len(mix)} documents, fewer than the {wanted} that data.mix_probability="
-                f"{hp.mix_probability} asks for; all of them are mixed in"
-            )
-        mix = mix.shuffle(seed=hp.seed).select(range(min(wanted, len(mix))))
-        # Without replacement: every document of both sources appears exactly once, in a seeded interleaving.
-        return datasets.interleave_datasets(
-            [train, mix],
-            probabilities=[1 - hp.mix_probability, hp.mix_probability],
-            seed=hp.seed,
-            stopping_strategy="all_exhausted_without_replacement",
-        )
+        return mix_documents(train, self._read_files("mix_files"), hp.mix_probability, hp.seed)
 
     def _read_files(self, key: str, files: list[str] | None = None) -> datasets.Dataset:
         """The documents of ``files`` (default: ``data.<key>``), empty lines dropped; errors name ``key``."""
@@ -313,13 +303,14 @@ class MLMDataModule(L.LightningDataModule):
     def _setup_streaming(self) -> None:
         """``setup`` for ``streaming=True``: opens the training stream, loads validation/test in memory."""
         hp = self.hparams
+        files = [] if hp.dataset_name else expand_files(hp.train_files, "data.train_files")
         if hp.dataset_name:
             documents = load_hub_stream(hp.dataset_name, hp.dataset_config, hp.text_column)
         else:
-            files = expand_files(hp.train_files, "data.train_files")
             documents = load_stream(files, "data.train_files", hp.text_column)
         splits, held_out = self._read_eval_files()
-        self.train_stream = StreamingCorpus(documents, hp.validation_split if held_out else 0.0, hp.seed)
+        fraction = hp.validation_split if held_out else 0.0
+        self.train_stream = StreamingCorpus(documents, fraction, hp.seed, files)
         if held_out:
             splits[held_out] = self.train_stream.validation_documents(hp.streaming_validation_documents)
         blocks = self._preprocess(datasets.DatasetDict(splits))
@@ -386,7 +377,7 @@ class MLMDataModule(L.LightningDataModule):
         return self._loader(dataset, hp.batch_size, sampler, stateful=True, collator=self.train_collator)
 
     def _eval_batch_size(self) -> int:
-        return self.hparams.eval_batch_size or self.hparams.batch_size
+        return self.hparams.eval_batch_size or self.hparams.batch_size  # never 0: refused in __init__
 
     @override
     def val_dataloader(self) -> DataLoader | list[DataLoader]:

@@ -9,11 +9,13 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import datasets
+from lightning.pytorch.utilities import rank_zero_warn
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.text.blocks import build_blocks
 from mlm_adapt.text.segment import Segmenter
-from mlm_adapt.text.tokens import tokenize_with_word_ids
+from mlm_adapt.text.tokens import TOKENIZATION_VERSION, tokenize_with_word_ids
+from mlm_adapt.text.vocabulary import block_special_ids
 
 BLOCK_FEATURES = datasets.Features(
     {"input_ids": datasets.List(datasets.Value("int32")), "word_ids": datasets.List(datasets.Value("int32"))}
@@ -27,7 +29,10 @@ def is_non_empty(batch: dict[str, list]) -> list[bool]:
     return [bool(text and text.strip()) for text in batch["text"]]
 
 
-def _tokenize_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, segmenter: Segmenter) -> dict:
+def _tokenize_batch(
+    batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, segmenter: Segmenter, version: int = 0
+) -> dict:
+    # ``version`` is unused here: it only enters datasets' cache fingerprint (TOKENIZATION_VERSION).
     return tokenize_with_word_ids(batch["text"], tokenizer, segmenter)
 
 
@@ -54,9 +59,10 @@ def to_blocks(
         map_kwargs: Extra ``map`` arguments for in-memory datasets (``num_proc``).
     """
     in_memory = not isinstance(documents, datasets.IterableDataset)
+    start_id, end_id = block_special_ids(tokenizer)
     tokenized = documents.map(
         _tokenize_batch,
-        fn_kwargs={"tokenizer": tokenizer, "segmenter": segmenter},
+        fn_kwargs={"tokenizer": tokenizer, "segmenter": segmenter, "version": TOKENIZATION_VERSION},
         batched=True,
         remove_columns=["text"],
         **({"desc": "Segmenting and tokenizing", **map_kwargs} if in_memory else {}),
@@ -65,8 +71,8 @@ def to_blocks(
         _blocks_batch,
         fn_kwargs={
             "max_seq_length": max_seq_length,
-            "cls_token_id": tokenizer.cls_token_id,
-            "sep_token_id": tokenizer.sep_token_id,
+            "cls_token_id": start_id,
+            "sep_token_id": end_id,
             "packing": packing,
         },
         batched=True,
@@ -77,4 +83,28 @@ def to_blocks(
             if in_memory
             else {}
         ),
+    )
+
+
+def mix_documents(
+    domain: datasets.Dataset, general: datasets.Dataset, probability: float, seed: int
+) -> datasets.Dataset:
+    """Interleaves general documents into the domain ones so that ``probability`` of all are general.
+
+    Every domain document is kept; general ones are drawn (seeded, without replacement) to make up the
+    share, and all of them are used when there are too few (with a warning naming ``data.mix_files``).
+    """
+    wanted = round(len(domain) * probability / (1 - probability))
+    if len(general) < wanted:
+        rank_zero_warn(
+            f"data.mix_files: {len(general)} documents, fewer than the {wanted} that data.mix_probability="
+            f"{probability} asks for; all of them are mixed in"
+        )
+    general = general.shuffle(seed=seed).select(range(min(wanted, len(general))))
+    # Without replacement: every document of both sources appears exactly once, in a seeded interleaving.
+    return datasets.interleave_datasets(
+        [domain, general],
+        probabilities=[1 - probability, probability],
+        seed=seed,
+        stopping_strategy="all_exhausted_without_replacement",
     )

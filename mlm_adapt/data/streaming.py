@@ -16,7 +16,7 @@ no epoch length, so ``trainer.max_steps`` is required.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import datasets
@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.data.preprocess import is_non_empty, to_blocks
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.corpus import BUILDERS, text_only
+from mlm_adapt.text.corpus import BUILDERS, file_error, text_only
 from mlm_adapt.text.segment import Segmenter
 
 
@@ -59,6 +59,21 @@ def load_stream(files: list[str], key: str, text_column: str) -> datasets.Iterab
     except Exception as exc:
         raise MLMAdaptError(f"{key}: could not stream {', '.join(files)}: {exc}") from exc
     return text_only(stream, text_column)
+
+
+def read_files_safely(stream: Iterable[Any], files: list[str], key: str) -> Iterator[Any]:
+    """Iterates ``stream``; a read error of one of ``files`` becomes one line naming the file and line.
+
+    A stream decodes and parses lazily, so bad bytes surface only here (in a DataLoader worker, possibly
+    hours into a run); ``datasets`` names neither the file nor the line, so the files are scanned for them.
+    """
+    try:
+        yield from stream
+    except Exception as exc:
+        error = file_error(files, key) if files else None
+        if error is None:
+            raise
+        raise error from exc
 
 
 def split_text(
@@ -104,10 +119,12 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
 
     Args:
         blocks: The rank's stream of ``input_ids``/``word_ids`` blocks.
+        files: The local files streamed, to name the file and line of a read error.
     """
 
-    def __init__(self, blocks: datasets.IterableDataset):
+    def __init__(self, blocks: datasets.IterableDataset, files: list[str] | None = None):
         self.blocks = blocks
+        self.files = files or []
         self.epoch = 0
         self._resumed = False
 
@@ -115,7 +132,7 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
         while True:
             self.blocks.set_epoch(self.epoch)
             yielded = False
-            for row in self.blocks:
+            for row in read_files_safely(self.blocks, self.files, "data.train_files"):
                 yielded = True
                 yield {**row, "example_id": content_id(row["input_ids"]), "epoch": self.epoch}
             # An empty pass means an empty shard (e.g. a worker without files): end instead of spinning.
@@ -153,17 +170,26 @@ class StreamingCorpus:
         validation_split: Fraction of documents held out for validation (0: none, the validation data
             comes from elsewhere).
         seed: Seed of the held-out hash and of the shuffling.
+        files: The local files of ``documents`` (none for a Hub dataset), to name one that fails to read.
     """
 
-    def __init__(self, documents: datasets.IterableDataset, validation_split: float, seed: int):
+    def __init__(
+        self,
+        documents: datasets.IterableDataset,
+        validation_split: float,
+        seed: int,
+        files: list[str] | None = None,
+    ):
         self.documents = documents
+        self.files = files or []
         self.validation_split = validation_split
         self.seed = seed
 
     def validation_documents(self, limit: int) -> datasets.Dataset:
         """The first ``limit`` held-out documents, in memory: every rank reads the same fixed set."""
         held_out = split_text(self.documents, self.validation_split, self.seed, held_out=True)
-        texts = [row["text"] for row in held_out.take(limit)]
+        rows = read_files_safely(held_out.take(limit), self.files, "data.train_files")
+        texts = [row["text"] for row in rows]
         if not texts:
             raise MLMAdaptError(
                 "data.validation_split: no held-out document in the stream; "
@@ -187,4 +213,4 @@ class StreamingCorpus:
     ) -> StreamingBlocks:
         """This rank's endless, shuffled stream of blocks (documents of one ``map`` batch packed together)."""
         shard = shard_for_rank(self.training_documents(), rank, world_size, self.seed, shuffle_buffer_size)
-        return StreamingBlocks(to_blocks(shard, tokenizer, segmenter, max_seq_length, packing))
+        return StreamingBlocks(to_blocks(shard, tokenizer, segmenter, max_seq_length, packing), self.files)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
+import torch
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from mlm_adapt.errors import MLMAdaptError
@@ -22,6 +24,8 @@ from mlm_adapt.model.metrics import before_after_metrics
 from mlm_adapt.text.tokenizer import load_tokenizer
 
 DEFAULT_DIRNAME = "hf_model"
+# Strategies whose module holds the whole model on every rank (others shard it: export reads checkpoints).
+WHOLE_WEIGHTS = (SingleDeviceStrategy, DDPStrategy)
 
 
 @dataclass(kw_only=True, eq=False)
@@ -37,15 +41,20 @@ class HFExport(ExportOptions, L.Callback):
     Args:
         output_dir: Where to write; default ``<log_dir>/hf_model`` (a fresh directory per run).
         enabled: Export at the end of ``fit`` (metrics are recorded in checkpoints either way).
-        checkpoint: ``best``: the best checkpoint of the ``ModelCheckpoint`` that monitors ``monitor``
-            (the final weights if there is none); ``last``: the final weights.
-        monitor: The metric that picks the best checkpoint.
+        checkpoint: ``best``: the weights of the validation with the best ``monitor`` value: the best
+            checkpoint of the ``ModelCheckpoint`` that monitors it or, without one, a copy of those
+            weights kept in CPU memory during the run (the final weights if ``monitor`` was never
+            logged); ``last``: the final weights.
+        monitor: Any logged metric that picks the best weights, e.g. ``val/loss`` or
+            ``downstream/sentiment/macro_f1`` (with ``mode: max``); the step-0 validation competes too.
+        mode: ``min`` (losses, perplexity) or ``max`` (accuracy, F1): which ``monitor`` value is best.
     """
 
     output_dir: str | None = None
     enabled: bool = True
     checkpoint: Literal["best", "last"] = "best"
     monitor: str = "val/loss"
+    mode: Literal["min", "max"] = "min"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -54,6 +63,8 @@ class HFExport(ExportOptions, L.Callback):
         self.corpus_stats: dict[str, int] = {}
         self.config_yaml: str | None = None
         self.export_dir: Path | None = None
+        # The best weights by ``monitor`` when no ModelCheckpoint keeps them: (value, step, CPU state dict).
+        self._best: tuple[float, int, dict[str, torch.Tensor]] | None = None
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -69,6 +80,12 @@ class HFExport(ExportOptions, L.Callback):
             self.output_dir or Path(trainer.log_dir or trainer.default_root_dir) / DEFAULT_DIRNAME
         )
         # Fail before training rather than after it.
+        for callback in trainer.checkpoint_callbacks:
+            if getattr(callback, "monitor", None) == self.monitor and callback.mode != self.mode:
+                raise MLMAdaptError(
+                    f"export.mode={self.mode!r} but the ModelCheckpoint monitoring {self.monitor!r} has mode "
+                    f"{callback.mode!r}; make them agree"
+                )
         if trainer.is_global_zero:
             check_output_dir(self.export_dir, self.overwrite, key="export.output_dir")
             if self.push_to_hub:
@@ -81,6 +98,23 @@ class HFExport(ExportOptions, L.Callback):
         metrics = before_after_metrics(trainer.callback_metrics)  # every validation set and task
         if metrics:
             self.val_history[trainer.global_step] = metrics
+        if self._keeps_best(trainer) and self.monitor in trainer.callback_metrics:
+            value = float(trainer.callback_metrics[self.monitor])
+            best = self._best[0] if self._best else None
+            if best is None or (value < best if self.mode == "min" else value > best):
+                # Only rank 0 exports; a CPU copy, so the GPU holds one model either way.
+                state = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.model.state_dict().items()}
+                self._best = (value, trainer.global_step, state)
+
+    def _keeps_best(self, trainer: L.Trainer) -> bool:
+        """Whether the callback keeps the best weights itself: no ModelCheckpoint monitors ``monitor``."""
+        return (
+            self.enabled
+            and self.checkpoint == "best"
+            and trainer.is_global_zero
+            and isinstance(trainer.strategy, WHOLE_WEIGHTS)
+            and not any(getattr(c, "monitor", None) == self.monitor for c in trainer.checkpoint_callbacks)
+        )
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -115,7 +149,7 @@ class HFExport(ExportOptions, L.Callback):
         if not trainer.is_global_zero:
             return
         # Under FSDP/DeepSpeed the in-memory weights are sharded across ranks: export from checkpoint files.
-        whole = isinstance(trainer.strategy, (SingleDeviceStrategy, DDPStrategy))
+        whole = isinstance(trainer.strategy, WHOLE_WEIGHTS)
         path = self._best_checkpoint(trainer) if self.checkpoint == "best" else None
         source = f"best checkpoint by {self.monitor}: {path}"
         if path is None and not whole:
@@ -131,10 +165,20 @@ class HFExport(ExportOptions, L.Callback):
             module = module_from_checkpoint(checkpoint, key="export.checkpoint")
             model, step, epoch = module.model, checkpoint.get("global_step"), checkpoint.get("epoch")
             baseline = module.baseline_metrics or dict(getattr(pl_module, "baseline_metrics", {}))
+        elif self._best is not None:
+            value, step, state = self._best
+            model, epoch = copy.deepcopy(pl_module.model), None
+            model.load_state_dict(state)
+            baseline = dict(getattr(pl_module, "baseline_metrics", {}))
+            source = f"best weights by {self.monitor} ({self.mode}, {value:.4f}) at step {step}"
         else:
             model, step, epoch = pl_module.model, trainer.global_step, trainer.current_epoch
             baseline = dict(getattr(pl_module, "baseline_metrics", {}))
             source = "final weights of the run"
+            if self.checkpoint == "best" and self.val_history:  # validated, yet no best weights
+                rank_zero_warn(
+                    f"export.monitor {self.monitor!r} was never logged; exported the final weights"
+                )
         final, final_step = val_metrics_at(self.val_history, step)
         datamodule = trainer.datamodule
         tokenizer = getattr(datamodule, "tokenizer", None) or load_tokenizer(

@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking.hashing import key_array, uniform_np
+from mlm_adapt.text import vocabulary
 
 
 def _word_order(order_key: np.ndarray, present: np.ndarray) -> torch.Tensor:
@@ -40,16 +41,10 @@ def _word_order(order_key: np.ndarray, present: np.ndarray) -> torch.Tensor:
 
 
 def ordinary_token_ids(tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
-    """Ids random replacements are drawn from: no special tokens, no ``[UNK]``, no ``##`` pieces."""
-    special = set(tokenizer.all_special_ids)
-    ids = [
-        i
-        for tok, i in tokenizer.get_vocab().items()
-        if i not in special and not tok.startswith("##") and not (tok.startswith("[") and tok.endswith("]"))
-    ]
-    if not ids:
-        raise MLMAdaptError("the tokenizer has no ordinary tokens to draw random replacements from")
-    return torch.tensor(sorted(ids), dtype=torch.int64)
+    """Ids random replacements are drawn from, as a tensor: the rule of
+    :func:`mlm_adapt.text.vocabulary.ordinary_token_ids` (no special tokens, no ``##`` continuations, no bare
+    ``▁``, no byte pieces that are not a whole character)."""
+    return torch.tensor(vocabulary.ordinary_token_ids(tokenizer), dtype=torch.int64)
 
 
 def whole_word_mask(

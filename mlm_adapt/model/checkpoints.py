@@ -11,7 +11,7 @@ from lightning.fabric.utilities.load import _METADATA_FILENAME, _load_distribute
 from lightning.pytorch.utilities.consolidate_checkpoint import _format_checkpoint
 from transformers import PreTrainedTokenizerBase
 
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import MLMAdaptError, check_model_path
 from mlm_adapt.model.module import MaskedLMModule
 from mlm_adapt.text.tokenizer import load_tokenizer
 
@@ -67,11 +67,15 @@ def module_from_checkpoint(
     accepted = inspect.signature(MaskedLMModule.__init__).parameters
     kwargs = {k: v for k, v in hparams.items() if k in accepted}
     if base_model is not None:
+        check_model_path(base_model, "--base_model")
         kwargs["model_name_or_path"] = base_model
     kwargs["pretrained"] = False  # skip reading the base weights: the checkpoint's replace them
     try:
         module = MaskedLMModule(**kwargs)
     except MLMAdaptError as exc:
+        if base_model is not None:  # the model named by --base_model, not by the checkpoint's hparams
+            reason = str(exc).removeprefix("model.model_name_or_path: ")
+            raise MLMAdaptError(f"--base_model: {reason}") from None
         raise MLMAdaptError(
             f"{exc} (needed to rebuild the checkpoint's model; or pass --base_model DIR)"
         ) from None

@@ -1,19 +1,17 @@
-"""Loading a masked LM: refuse decoder checkpoints, split off its vocabulary head, add new tokens."""
+"""Loading a masked LM: refuse decoder checkpoints, add new tokens (the head split is in ``heads``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import torch
-from torch import nn
+from lightning.pytorch.utilities import rank_zero_info
 from transformers import AutoConfig, AutoModelForMaskedLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
 
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import MLMAdaptError, check_model_path
 from mlm_adapt.text.tokenizer import extend_tokenizer
 
-# Attribute names of the vocabulary-projection head in Hugging Face masked-LM classes (BERT, RoBERTa/XLM-R,
-# ALBERT, DeBERTa-v2). The head maps hidden states of any leading shape, so it can run on masked rows only.
-_HEAD_NAMES = ("cls", "lm_head", "predictions", "lm_predictions")
 _CAUSAL_SUFFIXES = ("LMHeadModel", "ForCausalLM")
 
 
@@ -25,9 +23,11 @@ def load_masked_lm(
     Args:
         model_name_or_path: Hub name or local directory.
         pretrained: Load the weights (``False``: random init from the config, i.e. pretraining from scratch).
-        attn_implementation: ``sdpa``, ``eager`` or ``None`` for the library default.
+        attn_implementation: ``sdpa``, ``eager`` or ``None`` for the library default; ``sdpa`` falls back to
+            the default (with an info line) for a model class without SDPA support (DeBERTa-v2).
     """
     key = "model.model_name_or_path"
+    check_model_path(model_name_or_path, key)
     try:
         config = AutoConfig.from_pretrained(model_name_or_path)
     except Exception as exc:
@@ -39,6 +39,14 @@ def load_masked_lm(
             f"({', '.join(architectures) or 'is_decoder=True'}); "
             "its loss shifts labels by one position. Use a masked-LM checkpoint (e.g. BertForMaskedLM)"
         )
+    if attn_implementation == "sdpa" and not getattr(
+        MODEL_FOR_MASKED_LM_MAPPING.get(type(config), None), "_supports_sdpa", True
+    ):
+        # DeBERTa-v2/v3 has no SDPA kernel in transformers: its own (eager) attention is the only one.
+        rank_zero_info(
+            f"model.attn_implementation: {config.model_type} has no SDPA attention; using its default instead"
+        )
+        attn_implementation = None
     try:
         if pretrained:
             return AutoModelForMaskedLM.from_pretrained(
@@ -52,16 +60,6 @@ def load_masked_lm(
                 "mlm_adapt adapts BERT-family masked language models"
             ) from None
         raise
-
-
-def split_head(model: PreTrainedModel) -> tuple[nn.Module, nn.Module] | None:
-    """``(encoder, vocabulary head)`` of a masked LM, or ``None`` when its head is not known."""
-    encoder = getattr(model, model.base_model_prefix, None)
-    for name in _HEAD_NAMES:
-        head = getattr(model, name, None)
-        if isinstance(head, nn.Module) and encoder is not None:
-            return encoder, head
-    return None
 
 
 def extend_embeddings(

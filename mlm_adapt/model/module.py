@@ -17,7 +17,8 @@ from transformers import get_scheduler
 from typing_extensions import override
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.model.loading import extend_embeddings, load_masked_lm, split_head
+from mlm_adapt.model.heads import split_head
+from mlm_adapt.model.loading import extend_embeddings, load_masked_lm
 from mlm_adapt.model.metrics import WordAccuracy, validation_prefix, word_keys
 from mlm_adapt.model.throughput import MLMThroughputMonitor, mlm_flops
 from mlm_adapt.text.tokenizer import load_tokenizer, read_new_tokens
@@ -134,7 +135,7 @@ class MaskedLMModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.hparams.compile and not self._compiled:
             # Module.compile works in place: state_dict keys (checkpoints, save_pretrained) are unchanged.
-            for module in self.head_split or (self.model,):
+            for module in self.head_split.modules if self.head_split else (self.model,):
                 module.compile(**(self.hparams.compile_options or {}))
             self._compiled = True
 
@@ -157,9 +158,8 @@ class MaskedLMModule(L.LightningModule):
         if self.head_split is None:
             logits = self.model(**inputs).logits
             return logits[selected], labels[selected]
-        encoder, head = self.head_split
-        hidden = encoder(**inputs)[0]
-        return head(hidden[selected]), labels[selected]
+        hidden = self.head_split.hidden(**inputs)
+        return self.head_split.head(hidden[selected]), labels[selected]
 
     @override
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -55,8 +55,9 @@ def build_blocks(
         input_ids: Token ids per document (no special tokens).
         word_ids: Word id per token, as from :func:`tokenize_with_word_ids`.
         max_seq_length: Block size including ``[CLS]`` and ``[SEP]``.
-        cls_token_id: Id of ``[CLS]``.
-        sep_token_id: Id of ``[SEP]``.
+        cls_token_id: Id that opens a block: the tokenizer's ``cls`` (``<s>`` for XLM-R), else its ``bos``
+            (see :func:`mlm_adapt.text.vocabulary.block_special_ids`).
+        sep_token_id: Id that closes a block and separates packed documents: ``sep``, else ``eos``.
         packing: Concatenate documents (``[SEP]`` between them) into full blocks; otherwise each document
             becomes its own block(s). Either way a document longer than a block continues in the next
             block: no text is dropped.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import codecs
 import glob
+import json
 from pathlib import Path
 
 import datasets
@@ -31,7 +33,13 @@ def expand_files(patterns: list[str] | str, key: str) -> list[str]:
         patterns = [patterns]
     files: list[str] = []
     for pattern in patterns:
+        if Path(pattern).expanduser().is_dir():
+            raise MLMAdaptError(
+                f"{key}: {pattern} is a directory; give its files or a glob, e.g. {Path(pattern) / '*.txt'}"
+            )
         matches = sorted(glob.glob(str(Path(pattern).expanduser()), recursive=True))
+        if matches and not any(Path(m).is_file() for m in matches):
+            raise MLMAdaptError(f"{key}: {pattern!r} matches only directories; give a glob of files")
         matches = [m for m in matches if Path(m).is_file()]
         if not matches:
             raise MLMAdaptError(f"{key}: {pattern!r} matches no file; check the path or glob")
@@ -46,12 +54,85 @@ def expand_files(patterns: list[str] | str, key: str) -> list[str]:
 
 def find_non_utf8_line(path: str) -> int | None:
     """1-based number of the first line of ``path`` that is not valid UTF-8, or ``None``."""
+    found = _first_non_utf8_line(path)
+    return None if found is None else found[0]
+
+
+def _first_non_utf8_line(path: str) -> tuple[int, bytes] | None:
     with open(path, "rb") as handle:
         for lineno, line in enumerate(handle, start=1):
             try:
                 line.decode("utf-8")
             except UnicodeDecodeError:
-                return lineno
+                return lineno, line
+    return None
+
+
+def encoding_error(path: str, key: str) -> MLMAdaptError | None:
+    """The one-line error for a file that is not UTF-8 text, with the fix for what it is; ``None`` if it is.
+
+    UTF-16 (a byte-order mark) and binary files (NUL bytes) are told apart from a line in another Chinese
+    encoding; the ``iconv -f GB18030`` hint is given only when that line does decode as GB18030.
+    """
+    converted = f"{Path(path).stem}.utf8{Path(path).suffix}"
+    with open(path, "rb") as handle:
+        head = handle.read(8192)
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return MLMAdaptError(
+            f"{key}: {path} is UTF-16 (it starts with a byte-order mark); convert it, e.g. "
+            f"iconv -f UTF-16 -t UTF-8 {path} > {converted}"
+        )
+    if b"\x00" in head:
+        return MLMAdaptError(f"{key}: {path} is not a text file (it holds NUL bytes); give UTF-8 text files")
+    found = _first_non_utf8_line(path)
+    if found is None:
+        return None
+    lineno, line = found
+    try:
+        line.decode("gb18030")
+        hint = f"convert it, e.g. iconv -f GB18030 -t UTF-8 {path} > {converted}"
+    except UnicodeDecodeError:
+        hint = f"find its encoding (e.g. file -i {path}) and convert it with iconv -f ENCODING -t UTF-8"
+    return MLMAdaptError(f"{key}: {path} line {lineno} is not UTF-8; {hint}")
+
+
+def json_error(path: str, key: str) -> MLMAdaptError | None:
+    """The one-line error naming the first malformed line of a JSON Lines (or JSON) file, if any."""
+    text = Path(path).read_text(encoding="utf-8")
+    if not path.lower().endswith(".jsonl"):
+        try:
+            json.loads(text)
+            return None  # one JSON document
+        except json.JSONDecodeError as exc:
+            if exc.msg != "Extra data":  # else several documents: JSON Lines, checked line by line below
+                return MLMAdaptError(
+                    f"{key}: {path} line {exc.lineno} is not valid JSON ({exc.msg}, column {exc.colno})"
+                )
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            json.loads(line)
+        except json.JSONDecodeError as exc:
+            return MLMAdaptError(
+                f"{key}: {path} line {lineno} is not valid JSON ({exc.msg}, column {exc.colno}); "
+                "JSON Lines files hold one object per line"
+            )
+    return None
+
+
+def file_error(files: list[str], key: str) -> MLMAdaptError | None:
+    """Why ``datasets`` could not read ``files``: the first not-UTF-8 or malformed JSON line, if any.
+
+    Called after a read failed (the scan reads the files once), since ``datasets`` reports neither the file
+    nor the line.
+    """
+    for file in files:
+        error = encoding_error(file, key)
+        if error is None and BUILDERS.get(Path(file).suffix.lower()) == "json":
+            error = json_error(file, key)
+        if error is not None:
+            return error
     return None
 
 
@@ -64,14 +145,10 @@ def text_only(dataset: datasets.Dataset, text_column: str) -> datasets.Dataset:
 def _load_one_builder(builder: str, files: list[str], key: str, text_column: str, cache_dir: str | None):
     try:
         dataset = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=cache_dir)
-    except Exception as exc:  # datasets wraps decode errors in its own generation errors
-        for file in files:
-            lineno = find_non_utf8_line(file)
-            if lineno is not None:
-                raise MLMAdaptError(
-                    f"{key}: {file} line {lineno} is not UTF-8; convert it, e.g. "
-                    f"iconv -f GB18030 -t UTF-8 {file} > {Path(file).stem}.utf8{Path(file).suffix}"
-                ) from None
+    except Exception as exc:  # datasets wraps decode and parse errors in its own generation errors
+        error = file_error(files, key)
+        if error is not None:
+            raise error from None
         raise MLMAdaptError(f"{key}: could not read {', '.join(files)} as {builder}: {exc}") from exc
     if text_column not in dataset.column_names:
         raise MLMAdaptError(
@@ -89,11 +166,16 @@ def load_files(
     for file in files:
         by_builder.setdefault(BUILDERS[Path(file).suffix.lower()], []).append(file)
     parts = [_load_one_builder(b, fs, key, text_column, cache_dir) for b, fs in by_builder.items()]
-    for i, part in enumerate(parts):
+    for i, (part, part_files) in enumerate(zip(parts, by_builder.values(), strict=True)):
         # csv/json may infer non-string types (e.g. a numeric column); text must be a string.
         dtype = getattr(part.features["text"], "dtype", None)
         if dtype not in ("string", "large_string"):
-            raise MLMAdaptError(f"{key}: column {text_column!r} is not text; set data.text_column")
+            example = part[0]["text"] if len(part) else None
+            raise MLMAdaptError(
+                f"{key}: column {text_column!r} of {', '.join(part_files)} holds {dtype or 'non-text'} "
+                f"values (e.g. {example!r}), not text; quote the values in the file (or point "
+                "data.text_column at the column that holds the text)"
+            )
         if dtype == "large_string":  # pandas-written parquet; concatenation needs one string type
             parts[i] = part.cast_column("text", datasets.Value("string"))
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import MLMAdaptError, check_model_path
 
 
 def read_new_tokens(path: str | Path) -> list[str]:
@@ -46,6 +46,7 @@ def load_tokenizer(
         new_tokens_file: Tokens added to the vocabulary, one per line (``model.new_tokens_file``).
         key: The option that named ``name_or_path``, for error messages.
     """
+    check_model_path(name_or_path, key)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     except Exception as exc:

@@ -13,7 +13,7 @@ from mlm_adapt.model import MaskedLMModule
 
 def _attention_mask_seen(module: MaskedLMModule, batch: dict) -> torch.Tensor:
     seen = {}
-    encoder = module.head_split[0]
+    encoder = module.head_split.encoder
     handle = encoder.register_forward_pre_hook(
         lambda mod, args, kwargs: seen.update(mask=kwargs["attention_mask"]), with_kwargs=True
     )

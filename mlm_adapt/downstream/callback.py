@@ -1,0 +1,259 @@
+"""``DownstreamEvaluation``: task scores of the weights being adapted, at step 0 and at every validation."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from typing_extensions import override
+
+from mlm_adapt.downstream.evaluate import Method, TaskEvaluator
+from mlm_adapt.downstream.features import Pooling
+from mlm_adapt.downstream.tasks import load_task, parse_task
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.text.corpus import expand_files
+
+PREFIX = "downstream"
+
+
+class DownstreamEvaluation(L.Callback):
+    """Scores labelled tasks with the current weights: at the start of ``fit`` (step 0, the unadapted
+    model) and at the end of every validation, logged as ``downstream/<task>/<metric>`` and
+    ``downstream/<task>/<metric>_std``, plus ``downstream/time_s`` (seconds the evaluation took).
+
+    Sequence tasks log ``accuracy`` and ``macro_f1``; token (BIO) tasks log entity-level ``f1`` (exact
+    span and type, micro-averaged over entities, as conlleval/seqeval) and word ``accuracy``.
+
+    ``linear_probe`` (default, cheap enough for every validation): features of the frozen encoder
+    (``pooling`` over the last layer, or the concatenated ``layers``; token tasks: each word's first
+    sub-token), then a logistic regression trained to convergence (L-BFGS). It has no seed, so its
+    ``_std`` is the bootstrap standard error over test examples (``bootstrap`` resamples).
+    ``finetune``: ``seeds`` short full fine-tunes of a copy of the weights (``AutoModelFor{Sequence,Token}
+    Classification``), at step 0 and at the end of training only; ``_std`` is the spread over seeds.
+
+    Every rank computes the same thing and rank 0's result is broadcast, so all ranks log identical values
+    and none waits on another for longer than the evaluation itself (sharded strategies work for the probe).
+    The adapted model is never changed: evaluation runs without dropout, under ``torch.no_grad`` for the
+    probe, on a copy for ``finetune``, and with the random-number state restored afterwards.
+
+    Args:
+        tasks: Labelled tasks, each a mapping with ``name``, ``train_files``, ``test_files`` and optionally
+            ``type`` (``sequence_classification`` or ``token_classification``), ``text_column``,
+            ``text_pair_column``, ``label_column``, ``tokens_column``, ``tags_column``.
+        method: ``linear_probe`` or ``finetune``.
+        seeds: Fine-tuning runs per evaluation (``finetune`` only).
+        layers: Hidden states the probe reads, concatenated (0: embeddings, -1: last layer).
+        pooling: Probe features of a text: ``mean`` of its non-special tokens, ``first`` ([CLS]) or
+            ``mean_first`` (both, concatenated).
+        probe_l2: L2 weight of the probe's logistic regression (on standardized features).
+        bootstrap: Test-set resamples for the probe's ``_std`` (0: none logged).
+        max_length: Tokens per row; default: the model's ``max_seq_length``, at most 512.
+        batch_size: Rows per forward pass.
+        max_train_examples: Train the probe/fine-tune on at most this many examples per task (seeded subset).
+        max_test_examples: Score at most this many test examples per task (seeded subset).
+        finetune_steps: Optimizer steps of each fine-tune.
+        finetune_lr: AdamW learning rate of each fine-tune (linear decay, 10% warmup).
+        finetune_batch_size: Examples per fine-tuning step.
+        cache_dir: ``datasets`` cache for the task files (default: the data module's ``cache_dir``).
+    """
+
+    def __init__(
+        self,
+        tasks: list[dict[str, Any]] | None = None,
+        method: Method = "linear_probe",
+        seeds: int = 3,
+        layers: list[int] | None = None,
+        pooling: Pooling = "mean",
+        probe_l2: float = 1e-3,
+        bootstrap: int = 200,
+        max_length: int | None = None,
+        batch_size: int = 64,
+        max_train_examples: int | None = None,
+        max_test_examples: int | None = None,
+        finetune_steps: int = 200,
+        finetune_lr: float = 5e-5,
+        finetune_batch_size: int = 16,
+        cache_dir: str | None = None,
+    ):
+        if method not in ("linear_probe", "finetune"):
+            raise MLMAdaptError(f"downstream.method={method!r}; use linear_probe or finetune")
+        if seeds < 1:
+            raise MLMAdaptError(f"downstream.seeds={seeds} must be at least 1")
+        self.tasks = [parse_task(entry, i) for i, entry in enumerate(tasks or [])]
+        for i, entry in enumerate(self.tasks):  # missing files fail now, not after the corpus is prepared
+            expand_files(entry.train_files, f"downstream.tasks[{i}].train_files")
+            expand_files(entry.test_files, f"downstream.tasks[{i}].test_files")
+        self.method = method
+        self.seeds = seeds
+        self.layers = list(layers) if layers else [-1]
+        self.pooling = pooling
+        self.probe_l2 = probe_l2
+        self.bootstrap = bootstrap
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.max_train_examples = max_train_examples
+        self.max_test_examples = max_test_examples
+        self.finetune_steps = finetune_steps
+        self.finetune_lr = finetune_lr
+        self.finetune_batch_size = finetune_batch_size
+        self.cache_dir = cache_dir
+        self.evaluators: list[TaskEvaluator] = []
+        self.results: dict[int, dict[str, float]] = {}  # global step -> logged metrics
+        # Steps scored outside a validation pass (step 0 before the baseline validation, a fine-tune's end).
+        self.outside_validation: set[int] = set()
+
+    @property
+    @override
+    def state_key(self) -> str:
+        # Several evaluations may run side by side (e.g. a probe and a fine-tune): one state each.
+        return self._generate_state_key(tasks=[t.name for t in self.tasks], method=self.method)
+
+    def _tokenizer(self, trainer: L.Trainer, pl_module: L.LightningModule) -> PreTrainedTokenizerBase:
+        tokenizer = getattr(trainer.datamodule, "tokenizer", None) if trainer.datamodule else None
+        if tokenizer is not None:
+            return tokenizer  # the data module's, with any added domain tokens
+        name = getattr(pl_module, "hparams", {}).get("model_name_or_path")
+        if name is None:
+            raise MLMAdaptError(
+                "downstream: no tokenizer; use a data module with a tokenizer (MLMDataModule)"
+            )
+        return AutoTokenizer.from_pretrained(name)
+
+    def prepare(self, tokenizer: PreTrainedTokenizerBase, max_length: int) -> None:
+        """Loads, checks and tokenizes every task (once per run)."""
+        self.evaluators = [
+            TaskEvaluator(
+                load_task(entry, i, self.cache_dir),
+                tokenizer,
+                max_length,
+                self.max_train_examples,
+                self.max_test_examples,
+            )
+            for i, entry in enumerate(self.tasks)
+        ]
+        names = [e.name for e in self.evaluators]
+        if len(set(names)) != len(names):
+            raise MLMAdaptError(f"downstream.tasks: task names must differ ({', '.join(names)})")
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not self.tasks or self.evaluators:
+            return
+        if self.cache_dir is None:
+            self.cache_dir = (getattr(trainer.datamodule, "hparams", None) or {}).get("cache_dir")
+        model = pl_module.model
+        limit = getattr(model.config, "max_position_embeddings", 512)
+        length = self.max_length or pl_module.hparams.get("max_seq_length") or 512
+        self.prepare(self._tokenizer(trainer, pl_module), min(length, limit, 512))
+
+    def evaluate(
+        self, model: torch.nn.Module, forward_context: Callable[[], AbstractContextManager] | None = None
+    ) -> dict[str, float]:
+        """Scores every task with ``model`` (a Hugging Face masked LM); metric name -> value.
+
+        Args:
+            model: The weights to score (left unchanged).
+            forward_context: Makes the context each forward pass runs in (e.g. the trainer's autocast).
+        """
+        start = time.perf_counter()
+        metrics: dict[str, float] = {}
+        devices = [model.device] if model.device.type == "cuda" else []
+        # Evaluation must not change the training run: the probe draws no random numbers, but fine-tunes
+        # (dropout, head init) do, so the generator state is restored afterwards.
+        with torch.random.fork_rng(devices=devices):
+            for evaluator in self.evaluators:
+                if self.method == "linear_probe":
+                    scores, spread = evaluator.linear_probe(
+                        model,
+                        self.layers,
+                        self.pooling,
+                        self.probe_l2,
+                        self.batch_size,
+                        self.bootstrap,
+                        forward_context,
+                    )
+                else:
+                    scores, spread = evaluator.finetune(
+                        model,
+                        self.seeds,
+                        self.finetune_steps,
+                        self.finetune_lr,
+                        self.finetune_batch_size,
+                        forward_context,
+                    )
+                for key, value in scores.items():
+                    metrics[f"{PREFIX}/{evaluator.name}/{key}"] = value
+                for key, value in spread.items():
+                    metrics[f"{PREFIX}/{evaluator.name}/{key}_std"] = value
+        metrics[f"{PREFIX}/time_s"] = time.perf_counter() - start
+        return metrics
+
+    def _run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
+        step = trainer.global_step
+        if step not in self.results:
+            metrics = self.evaluate(pl_module.model, trainer.precision_plugin.forward_context)
+            # Identical on every rank by construction; rank 0's copy makes it exact (GPU kernels may differ).
+            self.results[step] = trainer.strategy.broadcast(metrics, src=0)
+            shown = ", ".join(
+                f"{k.removeprefix(PREFIX + '/')} {v:.4f}" for k, v in self.results[step].items()
+            )
+            rank_zero_info(f"mlm_adapt downstream ({self.method}) at step {step}: {shown}")
+        return self.results[step]
+
+    def _due(self, trainer: L.Trainer) -> bool:
+        """Whether this validation's weights get scored: all of them for the probe; for ``finetune``, the
+        unadapted ones (step 0) and the final ones only."""
+        if self.method == "linear_probe" or trainer.global_step == 0 or trainer.state.fn != "fit":
+            return True
+        return trainer.fit_loop.done or trainer.should_stop or trainer.global_step in self.results
+
+    @override
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.evaluators or trainer.sanity_checking or not self._due(trainer):
+            return
+        step = trainer.global_step
+        metrics = self._run(trainer, pl_module)
+        if (
+            step in self.outside_validation
+        ):  # already in the loggers: only let this validation's readers see them
+            trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
+        else:
+            pl_module.log_dict(metrics, sync_dist=True)
+
+    def _log_outside_validation(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.evaluators or trainer.global_step in self.results:
+            return
+        metrics = self._run(trainer, pl_module)
+        self.outside_validation.add(trainer.global_step)
+        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        # Step 0: the unadapted weights, unless a validation at step 0 (the CLI's before/after baseline)
+        # already scored them. Before the first step rather than in on_train_start, as that baseline.
+        if trainer.global_step == 0:
+            self._log_outside_validation(trainer, pl_module)
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The final weights when the last step had no validation (fine-tuning waits for these).
+        if self.method == "finetune":
+            self._log_outside_validation(trainer, pl_module)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"results": self.results}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.results = {int(k): dict(v) for k, v in state_dict.get("results", {}).items()}

@@ -1,0 +1,287 @@
+"""Word ids for the tokenizer's own tokenization: tokenize each text whole, then align jieba words to tokens.
+
+Whole-word masking needs a word id per token, but the tokens must be exactly what the tokenizer produces
+for the text (``tokenizer(text, add_special_tokens=False)``), or the model trains on a tokenization it never
+sees at inference. Tokenizing jieba's word list instead gives every word its own ``▁`` prefix (SentencePiece),
+keeps byte-level BPE merges from crossing a word boundary, and splits BERT's ``１０`` into ``１ ０``.
+
+So each text is tokenized whole, with character offsets, and each token gets the jieba word covering its
+characters:
+
+- a token whose characters span several words (a merge across a jieba boundary: ``真的很``, ``10`` from
+  ``１０``) joins those words into one *unit*: they are masked together;
+- whitespace belongs to the word that follows it, so a bare prefix/space marker (``▁``, ``Ġ``) and a piece
+  like ``▁6`` belong to the following word (to the preceding one at the end of a text);
+- a token with an empty span (a marker the normalizer added) belongs to the word at its position;
+- byte-level pieces of one character have that character's span and therefore share its word.
+
+Word ids increase along each text; they are not compact (words without tokens leave gaps): blocks compact
+them. Everything after the tokenizer call is vectorized over the batch with numpy.
+
+BERT's pipeline (BertNormalizer isolating CJK characters, BertPreTokenizer, WordPiece) gets a faster path
+that produces the same tokens and offsets without tokenizing the CJK characters: see :class:`_CharTable`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+# Unicode whitespace below U+3001 (``str.isspace``): U+3000, the ideographic space, is the last one.
+_WHITESPACE = np.zeros(0x3001, dtype=bool)
+_WHITESPACE[[c for c in range(0x3001) if chr(c).isspace()]] = True
+
+
+@dataclass
+class TokenSpans:
+    """Tokens of a batch of texts, flat: ids and character spans in the concatenation of the texts."""
+
+    ids: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    counts: np.ndarray  # tokens per text
+
+
+def align_words(
+    texts: Sequence[str], words: Sequence[Sequence[str]], tokenizer: PreTrainedTokenizerBase
+) -> dict[str, list[list[int]]]:
+    """Tokenizes each text whole and gives every token the id of its (merged) jieba word.
+
+    Args:
+        texts: Documents (one string each).
+        words: The jieba words of each text; joined they give the text back.
+        tokenizer: A fast Hugging Face tokenizer.
+
+    Returns:
+        ``{"input_ids": [...], "word_ids": [...]}``, one list per text, no special tokens; ``input_ids``
+        equal ``tokenizer(text, add_special_tokens=False)["input_ids"]``.
+    """
+    texts = list(texts)
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    text_start = np.cumsum(lengths) - lengths
+    spans = token_spans(texts, tokenizer)
+    joined = "".join(texts)
+    unit = _token_units(spans, _char_words(joined, lengths, words), lengths, text_start)
+    # Per-text ids starting at 0 (units increase along a text, so the first token has the smallest).
+    unit -= np.repeat(_text_base(unit, spans.counts), spans.counts)
+    bounds = np.concatenate(([0], np.cumsum(spans.counts))).tolist()
+    all_ids, all_units = spans.ids.tolist(), unit.tolist()
+    pairs = list(itertools.pairwise(bounds))
+    return {
+        "input_ids": [all_ids[b:e] for b, e in pairs],
+        "word_ids": [all_units[b:e] for b, e in pairs],
+    }
+
+
+def _text_base(unit: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The unit id of each text's first token (0 for a text without tokens)."""
+    first = np.cumsum(counts) - counts
+    base = np.zeros(len(counts), dtype=np.int64)
+    has = counts > 0
+    base[has] = unit[first[has]]
+    return base
+
+
+def _char_words(joined: str, lengths: np.ndarray, words: Sequence[Sequence[str]]) -> np.ndarray:
+    """Global word index of every character; whitespace takes the word of the next non-space character."""
+    n_chars = len(joined)
+    word_len = np.fromiter(map(len, itertools.chain.from_iterable(words)), dtype=np.int64)
+    if int(word_len.sum()) != n_chars:
+        raise ValueError("the words of each text must join to the text")
+    char_word = np.repeat(np.arange(len(word_len), dtype=np.int64), word_len)
+    codepoints = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32)
+    space = np.zeros(n_chars, dtype=bool)
+    low = codepoints < len(_WHITESPACE)
+    space[low] = _WHITESPACE[codepoints[low]]
+    if space.any():
+        text_of = np.repeat(np.arange(len(lengths)), lengths)
+        index = np.arange(n_chars)
+        # Next non-space character (n_chars if none), then the previous one (-1 if none).
+        nxt = np.minimum.accumulate(np.where(space, n_chars, index)[::-1])[::-1]
+        prv = np.maximum.accumulate(np.where(space, -1, index))
+        nxt_ok = nxt < n_chars
+        nxt_ok[nxt_ok] = text_of[nxt[nxt_ok]] == text_of[nxt_ok]
+        prv_ok = prv >= 0
+        prv_ok[prv_ok] = text_of[prv[prv_ok]] == text_of[prv_ok]
+        source = np.where(nxt_ok, nxt, np.where(prv_ok, prv, index))
+        char_word = np.where(space, char_word[source], char_word)
+    return char_word
+
+
+def _token_units(
+    spans: TokenSpans, char_word: np.ndarray, lengths: np.ndarray, text_start: np.ndarray
+) -> np.ndarray:
+    """Unit id of each token: words that one token spans are merged into one unit (global numbering)."""
+    n_words = int(char_word.max()) + 1 if len(char_word) else 0
+    if not len(spans.ids):
+        return np.zeros(0, dtype=np.int64)
+    text_end = np.repeat(text_start + lengths, spans.counts)
+    starts, ends = spans.starts, spans.ends
+    empty = ends <= starts
+    # An empty span belongs to the word at its position (the last character's at the end of a text).
+    first_char = np.where(empty & (starts >= text_end), starts - 1, starts)
+    last_char = np.where(empty, first_char, ends - 1)
+    lo, hi = char_word[first_char], char_word[last_char]
+    # Words k and k+1 are joined when a token covers both: count open spans with a difference array.
+    open_spans = np.cumsum(np.bincount(lo, minlength=n_words + 1) - np.bincount(hi, minlength=n_words + 1))
+    new_unit = np.ones(n_words, dtype=np.int64)
+    new_unit[1:] = open_spans[: n_words - 1] <= 0
+    unit_of_word = np.cumsum(new_unit) - 1
+    return unit_of_word[lo]
+
+
+def token_spans(texts: Sequence[str], tokenizer: PreTrainedTokenizerBase) -> TokenSpans:
+    """Token ids and character spans of each text, tokenized whole without special tokens."""
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    text_start = np.cumsum(lengths) - lengths
+    table = _char_table(tokenizer) if bert_wordpiece(tokenizer) else None
+    if table is not None:
+        return _bert_spans(texts, table, lengths, text_start)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and backend.truncation is None and backend.padding is None:
+        encodings = backend.encode_batch(list(texts), add_special_tokens=False)
+        ids = [e.ids for e in encodings]
+        offsets = [e.offsets for e in encodings]
+    else:  # the public call: it switches a saved truncation/padding setting off
+        encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    counts = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat_ids = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(counts.sum()))
+    flat_offsets = np.fromiter(
+        itertools.chain.from_iterable(itertools.chain.from_iterable(offsets)),
+        dtype=np.int64,
+        count=2 * int(counts.sum()),
+    ).reshape(-1, 2)
+    shift = np.repeat(text_start, counts)
+    return TokenSpans(flat_ids, flat_offsets[:, 0] + shift, flat_offsets[:, 1] + shift, counts)
+
+
+def bert_wordpiece(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer runs BERT's pipeline: BertNormalizer spacing CJK, BertPreTokenizer, WordPiece."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.truncation is not None or backend.padding is not None:
+        return False
+    # Added tokens (data.new_tokens_file) are matched in the raw text before BERT's pipeline runs: a
+    # per-character table cannot see them, so such tokenizers take the generic path.
+    special = set(tokenizer.all_special_tokens)
+    if any(token not in special for token in tokenizer.get_added_vocab()):
+        return False
+    normalizer = backend.normalizer
+    return (
+        type(normalizer).__name__ == "BertNormalizer"
+        and bool(normalizer.handle_chinese_chars)
+        and type(backend.pre_tokenizer).__name__ == "BertPreTokenizer"
+        and type(backend.model).__name__ == "WordPiece"
+    )
+
+
+_UNKNOWN, _SPACE, _COMPLEX = -3, -2, -1
+_RUN_CACHE_SIZE = 200_000
+
+
+class _CharTable:
+    """Per-tokenizer cache: what BERT tokenization makes of each code point, learned on first sight.
+
+    ``>= 0``: the character is always a token of its own (CJK ideograph, punctuation) and is exactly that
+    token id, whatever its neighbours; ``_SPACE``: it yields no token and always splits (whitespace);
+    ``_COMPLEX``: anything else (letters, digits, characters the normalizer drops or expands).
+
+    Such a character is a hard boundary of BERT's pre-tokenization, so the tokens of a text are the table
+    entries of its simple characters plus the tokens of each maximal run of complex characters between them,
+    tokenized on its own. Runs are *not* cut at jieba boundaries (``１０`` is one run, as for the tokenizer).
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+        self.backend = tokenizer.backend_tokenizer
+        self.table = np.full(sys.maxunicode + 1, _UNKNOWN, dtype=np.int64)
+        probe = self.backend.encode("a", add_special_tokens=False).ids
+        self.probe = probe[0] if len(probe) == 1 else None
+        self.runs: dict[str, tuple[list[int], list[int], list[int]]] = {}
+
+    def lookup(self, codepoints: np.ndarray) -> np.ndarray:
+        """Classes of ``codepoints``, classifying unseen ones with two tokenizer calls per character."""
+        classes = self.table[codepoints]
+        new = np.unique(codepoints[classes == _UNKNOWN])
+        if len(new):
+            chars = [chr(c) for c in new.tolist()]
+            alone = self.backend.encode_batch(chars, add_special_tokens=False)
+            # Between two letters: an isolated character keeps its own token and splits the letters apart.
+            between = self.backend.encode_batch([f"a{c}a" for c in chars], add_special_tokens=False)
+            a = self.probe
+            for cp, one, three in zip(new.tolist(), alone, between, strict=True):
+                ids, ctx = one.ids, three.ids
+                if len(ids) == 1 and ctx == [a, ids[0], a] and one.offsets[0] == (0, 1):
+                    self.table[cp] = ids[0]
+                elif not ids and ctx == [a, a]:
+                    self.table[cp] = _SPACE
+                else:
+                    self.table[cp] = _COMPLEX
+            classes = self.table[codepoints]
+        return classes
+
+    def tokenize_runs(self, runs: list[str]) -> list[tuple[list[int], list[int], list[int]]]:
+        """Token ids, start and end offsets of each run, cached: runs (numbers, brands) repeat a lot."""
+        cache = self.runs
+        missing = list({run for run in runs if run not in cache})
+        if missing:
+            if len(cache) + len(missing) > _RUN_CACHE_SIZE:
+                cache.clear()
+            for run, enc in zip(
+                missing, self.backend.encode_batch(missing, add_special_tokens=False), strict=True
+            ):
+                cache[run] = (enc.ids, [s for s, _ in enc.offsets], [e for _, e in enc.offsets])
+        return [cache[run] for run in runs]
+
+
+_CHAR_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _char_table(tokenizer: PreTrainedTokenizerBase) -> _CharTable | None:
+    table = _CHAR_TABLES.get(tokenizer)
+    if table is None:
+        table = _CHAR_TABLES[tokenizer] = _CharTable(tokenizer)
+    return table if table.probe is not None else None
+
+
+def _bert_spans(
+    texts: Sequence[str], table: _CharTable, lengths: np.ndarray, text_start: np.ndarray
+) -> TokenSpans:
+    """BERT's tokens from the character table plus one tokenizer call per distinct run of complex chars."""
+    joined = "".join(texts)
+    codepoints = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32)
+    classes = table.lookup(codepoints)
+    complex_ = classes == _COMPLEX
+    # Maximal runs of complex characters, never crossing a text boundary.
+    at_text_start = np.zeros(len(codepoints) + 1, dtype=bool)
+    at_text_start[text_start] = True
+    prev = np.concatenate(([False], complex_[:-1]))
+    nxt = np.concatenate((complex_[1:], [False]))
+    run_begin = np.flatnonzero(complex_ & (~prev | at_text_start[:-1]))
+    run_end = np.flatnonzero(complex_ & (~nxt | at_text_start[1:])) + 1
+    runs = [joined[b:e] for b, e in zip(run_begin.tolist(), run_end.tolist(), strict=True)]
+    run_tokens = table.tokenize_runs(runs)
+    n_run_tokens = np.fromiter((len(t[0]) for t in run_tokens), dtype=np.int64, count=len(run_tokens))
+    shift = np.repeat(run_begin, n_run_tokens)
+    run_ids = np.fromiter(itertools.chain.from_iterable(t[0] for t in run_tokens), dtype=np.int64)
+    run_starts = np.fromiter(itertools.chain.from_iterable(t[1] for t in run_tokens), dtype=np.int64) + shift
+    run_ends = np.fromiter(itertools.chain.from_iterable(t[2] for t in run_tokens), dtype=np.int64) + shift
+
+    simple_pos = np.flatnonzero(classes >= 0)
+    ids = np.concatenate((classes[simple_pos], run_ids))
+    starts = np.concatenate((simple_pos, run_starts))
+    ends = np.concatenate((simple_pos + 1, run_ends))
+    order = np.argsort(starts, kind="stable")  # a run's tokens keep their order at a shared offset
+    ids, starts, ends = ids[order], starts[order], ends[order]
+    text_of = np.repeat(np.arange(len(lengths)), lengths)
+    counts = (
+        np.bincount(text_of[starts], minlength=len(lengths))
+        if len(starts)
+        else np.zeros(len(lengths), np.int64)
+    )
+    return TokenSpans(ids, starts, ends, counts)
