@@ -7,9 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # pip's chatter that is not about this install: the new-release notice and the running-as-root warning
 # (containers and CI run as root).
-export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PIP_PROGRESS_BAR=off
+# -qq keeps pip's own warnings about this machine's index configuration out; PYTHONWARNINGS silences the
+# build backend's generic "editable installation" notice. Errors still print.
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PIP_PROGRESS_BAR=off PYTHONWARNINGS=ignore
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip 2>/dev/null || true  # optional: an offline mirror may lack it
 # shellcheck disable=SC2086
-.venv/bin/pip install -q ${TORCH_SPEC:-torch==2.13.0}
-.venv/bin/pip install -q -e ".[dev]"
+.venv/bin/pip install -qq ${TORCH_SPEC:-torch==2.13.0}
+.venv/bin/pip install -qq -e ".[dev]"
