@@ -111,6 +111,6 @@ def test_fill_mask_on_a_checkpoint_trained_with_new_tokens(tiny_model_dir, corpu
     (ckpt,) = root.rglob("*.ckpt")
     model, tokenizer = load_for_inference(str(ckpt))
     assert len(tokenizer) == model.get_input_embeddings().weight.shape[0]
-    assert tokenizer.convert_ids_to_tokens(len(tokenizer) - 2) == "好评如潮"
+    assert tokenizer("好评如潮", add_special_tokens=False)["input_ids"] == [len(tokenizer) - 2]
     main(["fill-mask", "好评[MASK][MASK]，龘", f"--model={ckpt}"])
     assert "mask 2" in capsys.readouterr().out
