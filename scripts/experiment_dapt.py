@@ -249,7 +249,8 @@ def run_downstream(results: dict, tasks: list[dict], a: argparse.Namespace) -> N
                 down.setdefault(model, {})[variant] = in_run["after"]
                 continue
             start = time.perf_counter()
-            scores = evaluate_saved(path, tasks, options, a.max_seq_length)
+            chosen = [t for t in tasks if variant != "finetune" or t["name"] in a.finetune_tasks]
+            scores = evaluate_saved(path, chosen, options, a.max_seq_length)
             down.setdefault(model, {})[variant] = scores
             print(
                 f"=== downstream {variant} of {model}: {time.perf_counter() - start:.0f} s {scores}",
@@ -328,6 +329,7 @@ def main() -> None:
         default=["random init", "general", "wwm", "token", "mix"],
         help="Models also probed on every layer (a diagnosis; each costs about a minute).",
     )
+    parser.add_argument("--finetune_tasks", nargs="*", default=["sentiment", "ner"], help="Tasks fine-tuned.")
     parser.add_argument("--no_downstream", action="store_true", help="Masked-LM metrics only (the old run).")
     a = parser.parse_args()
     if a.quick:
