@@ -98,14 +98,27 @@ def before_after_names(before: Mapping[str, float], after: Mapping[str, float]) 
     return sorted(names, key=key)  # stable: equal keys keep the logged order
 
 
+# A metric's spread is logged next to it as ``<metric>_std`` (seeds or bootstrap); the table shows it in the
+# metric's cell. Timing is logged, not compared.
+SPREAD_SUFFIX = "_std"
+_NOT_COMPARED = ("downstream/time_s",)
+
+
+def _cell(values: Mapping[str, float], name: str) -> str:
+    value, spread = values.get(name), values.get(name + SPREAD_SUFFIX)
+    if value is None:
+        return "n/a"
+    return f"{value:.4f}" if spread is None else f"{value:.4f} ± {spread:.4f}"
+
+
 def metrics_table(before: Mapping[str, float], after: Mapping[str, float]) -> str:
-    """A plain-text before/after table of every validation set and downstream task."""
-    names = before_after_names(before, after)
+    """A plain-text before/after table of every validation set and downstream task (spreads as ``±``)."""
+    names = [
+        n
+        for n in before_after_names(before, after)
+        if not n.endswith(SPREAD_SUFFIX) and n not in _NOT_COMPARED
+    ]
     width = max([len("metric"), *map(len, names)]) + 2
-    lines = [f"{'metric':<{width}}{'before':>12}{'after':>12}"]
-    for name in names:
-        b, a = before.get(name), after.get(name)
-        lines.append(
-            f"{name:<{width}}{'n/a' if b is None else f'{b:.4f}':>12}{'n/a' if a is None else f'{a:.4f}':>12}"
-        )
+    lines = [f"{'metric':<{width}}{'before':>18}{'after':>18}"]
+    lines += [f"{n:<{width}}{_cell(before, n):>18}{_cell(after, n):>18}" for n in names]
     return "\n".join(lines)

@@ -80,3 +80,11 @@ def test_metrics_table_has_a_row_per_set_and_task_primary_first():
     table = metrics_table(before, after)
     assert "n/a" in next(line for line in table.splitlines() if line.startswith("downstream/ner"))
     assert "5.7000" in next(line for line in table.splitlines() if line.startswith("val/loss"))
+
+
+def test_metrics_table_shows_spread_in_the_metric_cell_and_leaves_timing_out():
+    before = {"downstream/sentiment/accuracy": 0.701, "downstream/sentiment/accuracy_std": 0.015}
+    after = {**before, "downstream/sentiment/accuracy": 0.696, "downstream/time_s": 113.0}
+    lines = metrics_table(before, after).splitlines()[1:]
+    assert len(lines) == 1
+    assert lines[0].split()[1:] == ["0.7010", "±", "0.0150", "0.6960", "±", "0.0150"]
