@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.training.resume import fsync_dir
 
 MARKER = ".mlm_adapt-export.json"
 _MARKER_FORMAT = "mlm_adapt export"
@@ -217,16 +218,6 @@ def make_staging(output_dir: str | Path) -> Path:
             continue
 
 
-def _fsync_dir(directory: Path) -> None:
-    # Makes renames durable across a power loss; not possible on every platform/filesystem.
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def publish(staging: str | Path, output_dir: str | Path, key: str = "--output_dir") -> None:
     """Puts the complete export in ``staging`` at ``output_dir``, replacing an earlier export atomically.
 
@@ -245,12 +236,12 @@ def publish(staging: str | Path, output_dir: str | Path, key: str = "--output_di
         backup = target.parent / f"{_backup_prefix(target)}{secrets.token_hex(4)}"
         os.rename(target, backup)
         os.rename(staging, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         shutil.rmtree(backup)
     else:
         # rename() replaces an empty directory in one step and fails if files appeared meanwhile.
         os.rename(staging, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
 
 
 def remove_staging(staging: str | Path) -> None:

@@ -119,11 +119,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
 
 
-def _fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable (power loss); not possible on every platform/filesystem.
+def fsync_dir(directory: Path) -> None:
+    """Makes renames in ``directory`` durable across a power loss (where the platform allows it)."""
     with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
         try:
