@@ -10,7 +10,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
 from mlm_adapt.downstream.evaluate import Method, TaskEvaluator
@@ -18,6 +18,7 @@ from mlm_adapt.downstream.features import Pooling
 from mlm_adapt.downstream.tasks import load_task, parse_task
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.corpus import expand_files
+from mlm_adapt.text.tokenizer import load_tokenizer
 
 PREFIX = "downstream"
 
@@ -118,12 +119,13 @@ class DownstreamEvaluation(L.Callback):
         tokenizer = getattr(trainer.datamodule, "tokenizer", None) if trainer.datamodule else None
         if tokenizer is not None:
             return tokenizer  # the data module's, with any added domain tokens
-        name = getattr(pl_module, "hparams", {}).get("model_name_or_path")
+        hparams = getattr(pl_module, "hparams", {})
+        name = hparams.get("model_name_or_path")
         if name is None:
             raise MLMAdaptError(
                 "downstream: no tokenizer; use a data module with a tokenizer (MLMDataModule)"
             )
-        return AutoTokenizer.from_pretrained(name)
+        return load_tokenizer(name, hparams.get("new_tokens_file"))
 
     def prepare(self, tokenizer: PreTrainedTokenizerBase, max_length: int) -> None:
         """Loads, checks and tokenizes every task (once per run)."""

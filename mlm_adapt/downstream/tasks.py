@@ -13,7 +13,7 @@ from typing import Any, Literal
 import datasets
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.corpus import BUILDERS, expand_files, find_non_utf8_line
+from mlm_adapt.text.corpus import BUILDERS, encoding_error, expand_files
 
 TaskType = Literal["sequence_classification", "token_classification"]
 
@@ -115,12 +115,9 @@ def load_table(
             )
         # arrow's JSON reader accepts invalid UTF-8 and fails later, unhelpfully; parquet is binary.
         for file in group if builder != "parquet" else []:
-            lineno = find_non_utf8_line(file)
-            if lineno is not None:
-                raise MLMAdaptError(
-                    f"{files_key}: {file} line {lineno} is not UTF-8; convert it, e.g. "
-                    f"iconv -f GB18030 -t UTF-8 {file} > {Path(file).stem}.utf8{Path(file).suffix}"
-                )
+            error = encoding_error(file, files_key)
+            if error is not None:
+                raise error
         try:
             part = datasets.load_dataset(builder, data_files=group, split="train", cache_dir=cache_dir)
         except Exception as exc:

@@ -52,13 +52,8 @@ def expand_files(patterns: list[str] | str, key: str) -> list[str]:
     return files
 
 
-def find_non_utf8_line(path: str) -> int | None:
-    """1-based number of the first line of ``path`` that is not valid UTF-8, or ``None``."""
-    found = _first_non_utf8_line(path)
-    return None if found is None else found[0]
-
-
 def _first_non_utf8_line(path: str) -> tuple[int, bytes] | None:
+    """The 1-based number and bytes of the first line of ``path`` that is not UTF-8, or ``None``."""
     with open(path, "rb") as handle:
         for lineno, line in enumerate(handle, start=1):
             try:

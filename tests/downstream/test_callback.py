@@ -98,3 +98,20 @@ def test_bad_task_fails_before_training(tiny_model_dir, corpus_file, tmp_path):
     callback = DownstreamEvaluation(tasks=[task("s", (one_class, one_class))])
     with pytest.raises(MLMAdaptError, match=r"downstream.tasks\[0\].label_column: .* one label only"):
         _fit(tiny_model_dir, corpus_file, tmp_path, callback)
+
+
+def test_tokenizer_without_a_data_module_includes_new_tokens(tiny_model_dir, tmp_path):
+    """The fallback tokenizer matches a model resized for ``model.new_tokens_file`` (not the base one)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from mlm_adapt.downstream import DownstreamEvaluation
+
+    tokens = tmp_path / "new_tokens.txt"
+    tokens.write_text("好评如潮\n", encoding="utf-8")
+    module = SimpleNamespace(
+        hparams={"model_name_or_path": str(tiny_model_dir), "new_tokens_file": str(tokens)}
+    )
+    tokenizer = DownstreamEvaluation()._tokenizer(SimpleNamespace(datamodule=None), module)
+    assert len(tokenizer) == len(AutoTokenizer.from_pretrained(tiny_model_dir)) + 1
