@@ -8,6 +8,7 @@ import pandas as pd
 from jsonargparse import auto_cli
 
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.guard.outputs import Output, check_output, write_file
 
 # (panel title, [(column, label)]) of the figure; columns absent from the log are skipped.
 PANELS = (
@@ -31,8 +32,34 @@ def find_metrics(run_dir: str | Path) -> Path:
     return found[-1]
 
 
-def plot_metrics(metrics_csv: str | Path, output: str | Path, title: str | None = None) -> Path:
-    """Draws the curves of ``metrics_csv`` (one row per logging step) into the PNG ``output``."""
+def image_format(output: str | Path, key: str = "--output") -> str:
+    """The image format of ``output`` by its suffix (``png`` without one), refusing one matplotlib lacks."""
+    # Heavy and only needed here.
+    from matplotlib.backend_bases import FigureCanvasBase  # noqa: PLC0415
+
+    suffix = Path(output).suffix.lower().lstrip(".") or "png"
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix not in formats:
+        raise MLMAdaptError(
+            f"{key}: {output}: matplotlib cannot draw .{suffix} files; use .png, .pdf or .svg "
+            f"(or {', '.join(sorted(formats))})"
+        )
+    return suffix
+
+
+def plot_metrics(metrics_csv: str | Path, output: str | Path | Output, title: str | None = None) -> Path:
+    """Draws the curves of ``metrics_csv`` (one row per logging step) into the image file ``output``.
+
+    Args:
+        metrics_csv: A Lightning CSVLogger log.
+        output: The image (format by suffix), or an :class:`~mlm_adapt.guard.outputs.Output` for it.
+        title: Figure title.
+    """
+    output = output if isinstance(output, Output) else Output(output, key="--output", directory=False)
+    inputs = {**output.inputs, "run_dir": [metrics_csv]}
+    output = Output(output.path, output.key, directory=False, inputs=inputs)
+    image = image_format(output.path, output.key)
+    real = check_output(output)  # before any work: never onto the log it reads
     # Heavy and only needed here; the backend must be chosen before pyplot is imported.
     import matplotlib  # noqa: PLC0415
 
@@ -62,11 +89,12 @@ def plot_metrics(metrics_csv: str | Path, output: str | Path, title: str | None 
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, dpi=80)
-    plt.close(fig)
-    return output
+    try:
+        with write_file(output) as staged:
+            fig.savefig(staged, dpi=80, format=image)
+    finally:
+        plt.close(fig)
+    return real
 
 
 def plot(run_dir: str, output: str | None = None, title: str | None = None) -> None:
@@ -78,7 +106,9 @@ def plot(run_dir: str, output: str | None = None, title: str | None = None) -> N
         title: Figure title.
     """
     metrics = find_metrics(run_dir)
-    print(f"wrote {plot_metrics(metrics, output or metrics.parent / 'curves.png', title)}")
+    target = Output(output or metrics.parent / "curves.png", key="--output", directory=False)
+    plot_metrics(metrics, target, title)
+    print(f"wrote {target.path}")
 
 
 def plot_main(args: list[str]) -> None:

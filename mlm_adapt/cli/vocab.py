@@ -11,12 +11,12 @@ It answers two questions about a domain corpus before adapting to it:
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
 from mlm_adapt.cli.preview import DataOnlyCLI
+from mlm_adapt.export.callback import hparams_inputs
+from mlm_adapt.guard.outputs import Output, check_output, refuse_same_outputs, write_text
 from mlm_adapt.text.terms import candidate_terms, cohesion, oov_characters, write_user_dict
 
 
@@ -50,6 +50,16 @@ def vocab_main(args: list[str]) -> None:
     cli = VocabCLI(args=args, run=False, save_config_callback=None)
     config, datamodule = cli.config, cli.datamodule
     hp = datamodule.hparams
+    # Checked before the corpus is read: an output must never replace the corpus or the model it reports on.
+    inputs = hparams_inputs(config["model"].as_dict(), dict(hp))
+    outputs = {
+        name: Output(path, key=f"--{name}", directory=False, inputs=inputs)
+        for name, path in (("output_dict", config.output_dict), ("output_tokens", config.output_tokens))
+        if path
+    }
+    refuse_same_outputs(outputs.values())
+    for output in outputs.values():
+        check_output(output)
     texts = list(datamodule.train_documents()["text"])
     oov, unk_tokens, total = oov_characters(texts, datamodule.tokenizer)
     print(f"corpus: {len(texts):,} documents, {total:,} tokens; tokenizer {hp.tokenizer_name_or_path}")
@@ -74,10 +84,10 @@ def vocab_main(args: list[str]) -> None:
     corpus = "\n".join(texts)
     for word, n in terms.most_common(config.top_k):
         print(f"{word:<10}{n:>8}{cohesion(word, corpus):>10.2f}")
-    if config.output_dict:
-        write_user_dict(terms, config.output_dict)
+    if "output_dict" in outputs:
+        write_user_dict(terms, outputs["output_dict"])
         print(f"\nwrote {len(terms):,} terms to {config.output_dict} (use it as data.user_dict)")
-    if config.output_tokens:
+    if "output_tokens" in outputs:
         chars = [ch for ch, _ in oov.most_common(config.top_k)]
-        Path(config.output_tokens).write_text("".join(f"{ch}\n" for ch in chars), encoding="utf-8")
+        write_text(outputs["output_tokens"], "".join(f"{ch}\n" for ch in chars))
         print(f"wrote {len(chars):,} characters to {config.output_tokens} (use it as model.new_tokens_file)")

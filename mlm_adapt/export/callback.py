@@ -14,11 +14,13 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import ExportInfo, val_metrics_at
 from mlm_adapt.export.hub import check_hub_access, push_folder
 from mlm_adapt.export.options import ExportOptions
-from mlm_adapt.export.writer import check_output_dir, write_export
+from mlm_adapt.export.writer import write_export
+from mlm_adapt.guard.outputs import Output, check_output
 from mlm_adapt.model.checkpoints import load_checkpoint, module_from_checkpoint
 from mlm_adapt.model.metrics import before_after_metrics
 from mlm_adapt.text.tokenizer import load_tokenizer
@@ -44,22 +46,36 @@ def _run_dirs(trainer: L.Trainer) -> list[str]:
     return [d for d in dirs if d]
 
 
-def _inputs(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, list[str]]:
-    """Local files and directories the run reads, by config key."""
+def hparams_inputs(
+    model_hparams: Any, data_hparams: Any, model_keys: tuple[str, ...] = _MODEL_INPUTS
+) -> dict[str, list[str]]:
+    """Files and directories a run reads according to its hyper-parameters, by config key (Hub names too:
+    the output rules keep only what exists here)."""
     found: dict[str, list[str]] = {}
-    sources = [("model", pl_module.hparams, _MODEL_INPUTS)]
-    if trainer.datamodule is not None:
-        sources.append(("data", trainer.datamodule.hparams, _DATA_INPUTS))
-    for section, hparams, keys in sources:
+    sections = (("model", model_hparams, model_keys), ("data", data_hparams, _DATA_INPUTS))
+    for section, hparams, keys in sections:
         for key in keys:
-            value = hparams.get(key)
+            value = (hparams or {}).get(key)
             # A file, a list of files, or named validation sets ({name: [files]}).
             groups = list(value.values()) if isinstance(value, dict) else [value]
             values = [v for g in groups for v in ([g] if isinstance(g, str) else list(g or []))]
-            # A Hub name (hfl/chinese-bert-wwm-ext) is no local path; globs are checked by their directory.
-            local = [v for v in values if isinstance(v, str) and (Path(v).exists() or "*" in v)]
-            if local:
-                found[f"{section}.{key}"] = local
+            values = [v for v in values if isinstance(v, str) and v]
+            if values:
+                found[f"{section}.{key}"] = values
+    return found
+
+
+def _inputs(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, list[str]]:
+    """Local files and directories the run reads, by config key."""
+    datamodule_hparams = trainer.datamodule.hparams if trainer.datamodule is not None else {}
+    found = hparams_inputs(pl_module.hparams, datamodule_hparams)
+    for callback in trainer.callbacks:
+        if isinstance(callback, DownstreamEvaluation):
+            for i, task in enumerate(callback.tasks):
+                found[f"downstream.tasks[{i}].train_files"] = list(task.train_files)
+                found[f"downstream.tasks[{i}].test_files"] = list(task.test_files)
+            if callback.cache_dir:
+                found["downstream.cache_dir"] = [callback.cache_dir]
     if trainer.ckpt_path:
         found["ckpt_path"] = [str(trainer.ckpt_path)]
     return found
@@ -100,6 +116,7 @@ class HFExport(ExportOptions, L.Callback):
         self.corpus_stats: dict[str, int] = {}
         self.config_yaml: str | None = None
         self.export_dir: Path | None = None
+        self._output: Output | None = None
         # The best weights by ``monitor`` when no ModelCheckpoint keeps them: (value, step, CPU state dict).
         self._best: tuple[float, int, dict[str, torch.Tensor]] | None = None
 
@@ -123,14 +140,15 @@ class HFExport(ExportOptions, L.Callback):
                     f"export.mode={self.mode!r} but the ModelCheckpoint monitoring {self.monitor!r} has mode "
                     f"{callback.mode!r}; make them agree"
                 )
+        self._output = Output(
+            self.export_dir,
+            key="export.output_dir",
+            overwrite=self.overwrite,
+            inputs=_inputs(trainer, pl_module),
+            run_dirs=_run_dirs(trainer),
+        )
         if trainer.is_global_zero:
-            check_output_dir(
-                self.export_dir,
-                self.overwrite,
-                key="export.output_dir",
-                run_dirs=_run_dirs(trainer),
-                inputs=_inputs(trainer, pl_module),
-            )
+            check_output(self._output)
             if self.push_to_hub:
                 check_hub_access(self.repo_id, key="export.repo_id")
 
@@ -186,7 +204,7 @@ class HFExport(ExportOptions, L.Callback):
 
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.enabled or self.export_dir is None:
+        if not self.enabled or self.export_dir is None or self._output is None:
             return
         trainer.strategy.barrier("mlm_adapt_export")
         if not trainer.is_global_zero:
@@ -242,9 +260,7 @@ class HFExport(ExportOptions, L.Callback):
             tags=self.tags,
             repo_id=self.repo_id if self.push_to_hub else None,
         )
-        diff = write_export(
-            model, tokenizer, self.export_dir, info, overwrite=self.overwrite, verify=self.verify
-        )
+        diff = write_export(model, tokenizer, self._output, info, verify=self.verify)
         check = f"; reload check: max |logit difference| {diff:.2e}" if diff is not None else ""
         after = f"; val/loss {final['val/loss']:.4f} at step {final_step}" if "val/loss" in final else ""
         rank_zero_info(f"mlm_adapt export: wrote {self.export_dir} ({source}){after}{check}")

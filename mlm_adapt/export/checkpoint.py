@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mlm_adapt.export.callback import HFExport
+from mlm_adapt.export.callback import HFExport, hparams_inputs
 from mlm_adapt.export.card import ExportInfo, val_metrics_at
 from mlm_adapt.export.hub import check_hub_access, push_folder
 from mlm_adapt.export.options import ExportOptions
-from mlm_adapt.export.writer import check_output_dir, write_export
+from mlm_adapt.export.writer import write_export
+from mlm_adapt.guard.outputs import Output, check_output
 from mlm_adapt.model.checkpoints import callback_state, load_checkpoint, module_from_checkpoint, tokenizer_for
 
 
@@ -39,10 +40,17 @@ def export_checkpoint(
     """
     # The checkpoint (and a local base model) must survive the export, whatever overwrite says.
     inputs = {"--ckpt_path": [ckpt_path], "--base_model": [base_model] if base_model else []}
-    check_output_dir(output_dir, options.overwrite, inputs=inputs)
+    output = Output(output_dir, key="--output_dir", overwrite=options.overwrite, inputs=inputs)
+    check_output(output)
     if options.push_to_hub:
         check_hub_access(options.repo_id)
     checkpoint = load_checkpoint(ckpt_path)
+    # And so must what the run read, as the checkpoint records it: the base model it started from above all.
+    recorded = hparams_inputs(
+        checkpoint.get("hyper_parameters"), checkpoint.get("datamodule_hyper_parameters")
+    )
+    output = replace(output, inputs={**inputs, **{f"{k} in the checkpoint": v for k, v in recorded.items()}})
+    check_output(output)
     module = module_from_checkpoint(checkpoint, base_model)
     tokenizer = tokenizer_for(checkpoint, base_model)
     state = callback_state(checkpoint, HFExport.__qualname__)
@@ -63,9 +71,7 @@ def export_checkpoint(
         tags=list(options.tags),
         repo_id=options.repo_id if options.push_to_hub else None,
     )
-    diff = write_export(
-        module.model, tokenizer, output_dir, info, overwrite=options.overwrite, verify=options.verify
-    )
+    diff = write_export(module.model, tokenizer, output, info, verify=options.verify)
     url = None
     if options.push_to_hub:
         url = push_folder(

@@ -8,7 +8,7 @@ from huggingface_hub import HfApi, constants, get_token
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.export.directory import MARKER
+from mlm_adapt.guard.outputs import MARKER
 
 # Connection failures surface as the HTTP client's own errors (httpx or httpx2, depending on the
 # huggingface_hub version); HfHubHTTPError derives from that client's HTTPError, so take it from there.

@@ -13,9 +13,9 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, P
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import CONFIG_FILENAME, ExportInfo, render_model_card
-from mlm_adapt.export.directory import check_output_dir, make_staging, publish, remove_staging
+from mlm_adapt.guard.outputs import Output, write_directory
 
-__all__ = ["check_output_dir", "probe_batch", "verify_export", "write_export"]
+__all__ = ["probe_batch", "verify_export", "write_export"]
 
 PROBE_TEXTS = ("北京{mask}{mask}你！", "这本书的内容很好，值得一读。", "房间太小，{mask}务也很一般。")
 
@@ -27,19 +27,31 @@ def probe_batch(tokenizer: PreTrainedTokenizerBase) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def verify_export(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> float:
+def verify_export(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    directory: str | Path,
+    name: str | Path | None = None,
+) -> float:
     """Reloads ``directory`` with the Auto classes and compares its logits with ``model``'s on a probe batch.
+
+    Args:
+        model: The model that was saved.
+        tokenizer: The tokenizer that was saved.
+        directory: The saved directory.
+        name: What to call it in messages (the user's path rather than a staging directory).
 
     Returns:
         The largest absolute logit difference (raises :class:`MLMAdaptError` above the tolerance).
     """
+    name = name or directory
     param = next(model.parameters())
     reloaded = AutoModelForMaskedLM.from_pretrained(directory, dtype=param.dtype).to(param.device).eval()
     reloaded_tokenizer = AutoTokenizer.from_pretrained(directory)
     batch, reloaded_batch = probe_batch(tokenizer), probe_batch(reloaded_tokenizer)
     if not torch.equal(batch["input_ids"], reloaded_batch["input_ids"]):
         raise MLMAdaptError(
-            f"export check failed: the tokenizer saved in {directory} encodes the probe differently"
+            f"export check failed: the tokenizer saved in {name} encodes the probe differently"
         )
     was_training = model.training
     model.eval()  # dropout off, as in the reloaded model
@@ -52,7 +64,7 @@ def verify_export(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, di
     tolerance = 1e-4 if param.dtype == torch.float32 else 1e-2
     if not diff <= tolerance:
         raise MLMAdaptError(
-            f"export check failed: logits of the reloaded {directory} differ from the checkpoint's by "
+            f"export check failed: logits of the reloaded {name} differ from the checkpoint's by "
             f"{diff:.3g} (> {tolerance}); the export was not kept"
         )
     return diff
@@ -61,33 +73,24 @@ def verify_export(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, di
 def write_export(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    output_dir: str | Path,
+    output: Output,
     info: ExportInfo,
-    overwrite: bool = False,
     verify: bool = True,
-    key: str = "--output_dir",
 ) -> float | None:
     """Writes ``model`` + ``tokenizer`` (``save_pretrained``, safetensors), the config and the model card.
 
-    Everything is written to a staging directory next to ``output_dir`` and checked there; it then becomes
-    ``output_dir`` by renames (:func:`~mlm_adapt.export.directory.publish`), replacing an earlier export
-    only with ``overwrite`` and only if ``output_dir`` holds nothing but that export.
+    Everything is written and checked in a staging directory under ``output``'s lock, then published
+    (:func:`~mlm_adapt.guard.outputs.write_directory`): it replaces an earlier export only with
+    ``overwrite`` and only if the directory holds nothing but that export.
 
     Returns:
         The reload check's largest logit difference (``None`` when ``verify`` is off).
     """
-    output_dir = Path(output_dir)
-    check_output_dir(output_dir, overwrite, key=key)
-    staging = make_staging(output_dir)
-    try:
+    with write_directory(output) as staging:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         (staging / CONFIG_FILENAME).write_text(info.resolved_config(), encoding="utf-8")
-        title = info.repo_id.rsplit("/", 1)[-1] if info.repo_id else output_dir.resolve().name
+        title = info.repo_id.rsplit("/", 1)[-1] if info.repo_id else output.resolve().name
         render_model_card(info, title=title).save(staging / "README.md")
-        diff = verify_export(model, tokenizer, staging) if verify else None
-        publish(staging, output_dir, key=key)
-    except BaseException:
-        remove_staging(staging)
-        raise
+        diff = verify_export(model, tokenizer, staging, name=output.path) if verify else None
     return diff

@@ -17,6 +17,7 @@ from pathlib import Path
 import rjieba
 from transformers import PreTrainedTokenizerBase
 
+from mlm_adapt.guard.outputs import Output, write_text
 from mlm_adapt.text.segment import read_user_dict
 
 
@@ -79,6 +80,12 @@ def candidate_terms(
     return Counter({w: c for w, c in counts.items() if cohesion(w, corpus) >= min_cohesion})
 
 
-def write_user_dict(terms: Counter, path: str | Path) -> None:
-    """Writes terms one per line, without a frequency: jieba then suggests one that keeps each term whole."""
-    Path(path).write_text("".join(f"{w}\n" for w, _ in terms.most_common()), encoding="utf-8")
+def write_user_dict(terms: Counter, path: str | Path | Output) -> None:
+    """Writes terms one per line, without a frequency: jieba then suggests one that keeps each term whole.
+
+    Args:
+        terms: Terms and their counts (most common first).
+        path: The file, or an :class:`~mlm_adapt.guard.outputs.Output` carrying the run's inputs.
+    """
+    output = path if isinstance(path, Output) else Output(path, key="output_dict", directory=False)
+    write_text(output, "".join(f"{w}\n" for w, _ in terms.most_common()))

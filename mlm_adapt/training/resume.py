@@ -10,13 +10,8 @@ before (validation loaders, a fresh dataloader iterator after a restart, ...).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import re
-import secrets
-import time
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -28,68 +23,26 @@ from typing_extensions import override
 
 from mlm_adapt.data.fingerprint import corpus_fingerprint
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.guard.outputs import Output, write_file
+from mlm_adapt.guard.staging import fsync_dir  # noqa: F401 -- its earlier home; callers may import it here
 from mlm_adapt.model.safe_load import load_weights_only
 from mlm_adapt.training.resume_lookup import CORPUS_KEY, conflict_message, resume_conflicts
 
-# The temp files of AtomicCheckpointIO (and of its mkstemp-based predecessor): ".<name>.ckpt.<token>.tmp".
-CHECKPOINT_TMP = re.compile(r"^\..+\.ckpt\.[A-Za-z0-9_]+\.tmp$")
-# Temp files older than this process (module import) are leftovers of a killed run; younger ones may be a
-# live write of another process and are left alone.
-PROCESS_START = time.time()
-
-
-def clean_checkpoint_tmp(directory: str | Path) -> list[Path]:
-    """Deletes temp files of checkpoint writes killed before their rename (``.<name>.ckpt.<token>.tmp``).
-
-    Returns:
-        The deleted files.
-    """
-    directory = Path(directory)
-    removed: list[Path] = []
-    if not directory.is_dir():
-        return removed
-    for entry in directory.iterdir():
-        if CHECKPOINT_TMP.match(entry.name) and entry.is_file() and not entry.is_symlink():
-            with contextlib.suppress(FileNotFoundError):
-                if entry.stat().st_mtime < PROCESS_START:
-                    entry.unlink()
-                    removed.append(entry)
-    return removed
-
-
-def _create_tmp(target: Path) -> tuple[int, Path]:
-    # os.open with 0o666: the file gets the user's umask (tempfile.mkstemp would make every checkpoint 0600).
-    while True:
-        tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
-        except FileExistsError:
-            continue
-
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoint IO with atomic local writes: a temp file next to the target, then ``os.replace``.
+    """Checkpoint IO with atomic local writes through :func:`~mlm_adapt.guard.outputs.write_file`.
 
     Lightning's own local write goes through an fsspec transaction that stages the file in the system temp
     directory and moves it into place; when that directory is on another filesystem (node-local ``/tmp``,
     checkpoints on NFS/Lustre) the move degrades to copy-over-the-target, and a kill during the copy leaves
-    ``last.ckpt`` truncated. Here the temp file sits next to the target, is fsynced, and is renamed over it,
-    so a reader sees either the old or the new checkpoint, never a partial one. Remote URLs (``s3://``, ...)
-    keep Lightning's behaviour: object-store uploads are already all-or-nothing. Files get the user's umask;
-    temp files of an earlier killed write are deleted at the first save into their directory. Local
-    checkpoints are read weights-only (:func:`~mlm_adapt.model.safe_load.load_weights_only`).
+    ``last.ckpt`` truncated. Here the file is written in a staging directory next to the target, fsynced,
+    and renamed over it, so a reader sees either the old or the new checkpoint, never a partial one. A
+    checkpoint name that is a symlink (``save_last: link``) is replaced, not written through. Remote URLs
+    (``s3://``, ...) keep Lightning's behaviour: object-store uploads are already all-or-nothing. Files get
+    the user's umask; staging directories of an earlier killed write are deleted (proven ours by their
+    marker) at the next save of the same name. Local checkpoints are read weights-only
+    (:func:`~mlm_adapt.model.safe_load.load_weights_only`).
     """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._cleaned: set[Path] = set()
-
-    def clean(self, directory: str | Path) -> None:
-        """Removes stale temp files in ``directory`` once per run."""
-        directory = Path(directory)
-        if directory not in self._cleaned:
-            clean_checkpoint_tmp(directory)
-            self._cleaned.add(directory)
 
     @override
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> Any:
@@ -104,32 +57,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        self.clean(target.parent)
-        # A dotted name with a .tmp suffix: never mistaken for a checkpoint by ModelCheckpoint or "last".
-        fd, tmp = _create_tmp(target)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                torch.save(checkpoint, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        fsync_dir(target.parent)
-
-
-def fsync_dir(directory: Path) -> None:
-    """Makes renames in ``directory`` durable across a power loss (where the platform allows it)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with write_file(Output(path, key="checkpoint", directory=False, follow_link=False)) as staged:
+            torch.save(checkpoint, staged)
 
 
 def batch_seed(seed: int, epoch: int, batch_idx: int, rank: int) -> int:

@@ -6,31 +6,26 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.export.directory import (
-    MARKER,
-    check_output_dir,
-    is_complete_export,
-    make_staging,
-    publish,
-    recover,
-)
+from mlm_adapt.guard.outputs import MARKER, Output, check_output, is_complete_export, write_directory
 
 REPO = Path(__file__).resolve().parents[2]
 EXPORT_FILES = {"config.json": "{}", "model.safetensors": "weights", "README.md": "# card"}
 
 
-def write_export(target: Path, tag: str) -> None:
+def write_export(target: Path, tag: str, overwrite: bool = True) -> None:
     """An export as write_export lays it out: files staged, then published with the marker."""
-    staging = make_staging(target)
-    for name, text in EXPORT_FILES.items():
-        (staging / name).write_text(f"{text} {tag}", encoding="utf-8")
-    publish(staging, target)
+    with write_directory(Output(target, overwrite=overwrite)) as staging:
+        for name, text in EXPORT_FILES.items():
+            (staging / name).write_text(f"{text} {tag}", encoding="utf-8")
+
+
+def check_output_dir(output_dir, overwrite, key="--output_dir", *, run_dirs=(), inputs=None) -> Path:
+    return check_output(Output(output_dir, key, overwrite=overwrite, run_dirs=run_dirs, inputs=inputs or {}))
 
 
 def contents(directory: Path) -> dict[str, str]:
@@ -116,12 +111,9 @@ KILL_BETWEEN_RENAMES = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    from mlm_adapt.export import directory
+    from mlm_adapt.guard import outputs
 
     target = Path(sys.argv[1])
-    staging = directory.make_staging(target)
-    for name in ("config.json", "model.safetensors", "README.md"):
-        (staging / name).write_text(name + " new", encoding="utf-8")
     real_rename = os.rename
     calls = []
 
@@ -131,8 +123,10 @@ KILL_BETWEEN_RENAMES = textwrap.dedent(
         if len(calls) == 1:  # the old export is now the backup; the new one is not yet in place
             os.kill(os.getpid(), signal.SIGKILL)
 
-    directory.os.rename = rename_then_die
-    directory.publish(staging, target)
+    with outputs.write_directory(outputs.Output(target, overwrite=True)) as staging:
+        for name in ("config.json", "model.safetensors", "README.md"):
+            (staging / name).write_text(name + " new", encoding="utf-8")
+        outputs.os.rename = rename_then_die
     """
 )
 
@@ -147,13 +141,12 @@ def test_kill_between_the_two_renames_keeps_an_export_complete(tmp_path):
     )
     assert result.returncode == -9, result.stderr  # really killed, between the renames
     assert not target.exists()
-    (backup,) = tmp_path.glob(".export.old-*")
     (staging,) = tmp_path.glob(".export.staging-*")
-    assert snapshot(backup) == old  # the old export is complete, only renamed
-    assert is_complete_export(staging)  # and so is the new one
+    assert snapshot(staging / "old") == old  # the old export is complete, only renamed
+    assert is_complete_export(staging / "new")  # and so is the new one
 
-    os.utime(staging, (time.time() - 86400, time.time() - 86400))  # older than this process
-    recover(target)  # what the next export does first
+    with pytest.raises(MLMAdaptError, match="not empty"):  # what the next export does first: repair, check
+        check_output_dir(target, overwrite=False)
     assert snapshot(target) == old
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import torch
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.training.resume import AtomicCheckpointIO, clean_checkpoint_tmp
+from mlm_adapt.guard.staging import create_staging
+from mlm_adapt.training.resume import AtomicCheckpointIO
 
 
 @pytest.fixture
@@ -25,25 +25,31 @@ def test_checkpoint_follows_the_umask(tmp_path, umask_022):
     assert target.stat().st_mode & 0o777 == 0o644  # was 0600: tempfile.mkstemp ignores the umask
 
 
-def test_stale_temp_files_of_a_killed_write_are_removed_at_the_next_save(tmp_path):
+def test_staging_of_a_killed_write_is_removed_at_the_next_save_and_nothing_else(tmp_path):
     directory = tmp_path / "ckpt"
     directory.mkdir()
-    stale = directory / ".last.ckpt.k2j3h4g5.tmp"  # what a kill during torch.save leaves
-    live = directory / ".step4.ckpt.a1b2c3d4.tmp"  # another live process's write in progress
-    user = directory / ".notes.tmp"
-    for path in (stale, live, user):
-        path.write_bytes(b"x")
-    long_ago = time.time() - 3600
-    os.utime(stale, (long_ago, long_ago))
-    os.utime(user, (long_ago, long_ago))
-    os.utime(live, (time.time() + 60, time.time() + 60))  # written after this process started
-    AtomicCheckpointIO().save_checkpoint({"step": 2}, directory / "last.ckpt")
-    assert sorted(p.name for p in directory.iterdir()) == [
-        ".notes.tmp",
-        ".step4.ckpt.a1b2c3d4.tmp",
-        "last.ckpt",
-    ]
-    assert clean_checkpoint_tmp(directory) == []
+    target = directory / "last.ckpt"
+    killed = create_staging(target)  # what a kill during torch.save leaves: its lock is gone with it
+    (killed.path / "new").write_bytes(b"half a checkpoint")
+    os.close(killed.marker_fd)
+    live = create_staging(directory / "step4.ckpt")  # another live process's write in progress
+    user = directory / ".last.ckpt.staging-mine"  # a user's, with our name but no marker
+    user.mkdir()
+    (directory / ".notes.tmp").write_bytes(b"x")
+    AtomicCheckpointIO().save_checkpoint({"step": 2}, target)
+    assert sorted(p.name for p in directory.iterdir()) == sorted(
+        [".notes.tmp", ".last.ckpt.staging-mine", live.path.name, "last.ckpt"]
+    )
+    live.remove()
+
+
+def test_a_last_checkpoint_link_is_replaced_not_written_through(tmp_path):
+    best = tmp_path / "epoch=1.ckpt"
+    best.write_bytes(b"the best weights")
+    (tmp_path / "last.ckpt").symlink_to(best.name)  # save_last: link
+    AtomicCheckpointIO().save_checkpoint({"step": 3}, tmp_path / "last.ckpt")
+    assert best.read_bytes() == b"the best weights"
+    assert not (tmp_path / "last.ckpt").is_symlink()
 
 
 def test_resume_load_is_weights_only(tmp_path):
