@@ -21,7 +21,7 @@ from mlm_adapt.cli import main
 from mlm_adapt.cli.export import export_main
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
-from mlm_adapt.export.directory import MARKER
+from mlm_adapt.guard.outputs import MARKER
 from mlm_adapt.export.writer import verify_export
 
 PROBE = ["北京[MASK][MASK]你！", "这本书的内容很好，值得一读。"]
