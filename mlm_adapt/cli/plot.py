@@ -58,8 +58,8 @@ def plot_metrics(metrics_csv: str | Path, output: str | Path | Output, title: st
     output = output if isinstance(output, Output) else Output(output, key="--output", directory=False)
     inputs = {**output.inputs, "run_dir": [metrics_csv]}
     output = Output(output.path, output.key, directory=False, inputs=inputs)
-    image = image_format(output.path, output.key)
     real = check_output(output)  # before any work: never onto the log it reads
+    image = image_format(output.path, output.key)
     # Heavy and only needed here; the backend must be chosen before pyplot is imported.
     import matplotlib  # noqa: PLC0415
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlm_adapt.export.callback import HFExport, hparams_inputs
@@ -11,7 +11,13 @@ from mlm_adapt.export.hub import check_hub_access, push_folder
 from mlm_adapt.export.options import ExportOptions
 from mlm_adapt.export.writer import write_export
 from mlm_adapt.guard.outputs import Output, check_output
-from mlm_adapt.model.checkpoints import callback_state, load_checkpoint, module_from_checkpoint, tokenizer_for
+from mlm_adapt.model.checkpoints import (
+    callback_state,
+    checkpoint_metadata,
+    load_checkpoint,
+    module_from_checkpoint,
+    tokenizer_for,
+)
 
 
 @dataclass
@@ -38,19 +44,21 @@ def export_checkpoint(
         options: What to write and where to upload.
         base_model: Base model directory or Hub name, if the one recorded in the checkpoint is not here.
     """
-    # The checkpoint (and a local base model) must survive the export, whatever overwrite says.
-    inputs = {"--ckpt_path": [ckpt_path], "--base_model": [base_model] if base_model else []}
+    # The checkpoint, a local base model and what the run read (as the checkpoint records it: the model it
+    # started from above all) must survive the export, whatever overwrite says. The metadata is read
+    # without the weights, so a refused output costs nothing.
+    saved = checkpoint_metadata(ckpt_path, key="--ckpt_path")
+    recorded = hparams_inputs(saved.get("hyper_parameters"), saved.get("datamodule_hyper_parameters"))
+    inputs = {
+        "--ckpt_path": [ckpt_path],
+        "--base_model": [base_model] if base_model else [],
+        **{f"{key} in the checkpoint": paths for key, paths in recorded.items()},
+    }
     output = Output(output_dir, key="--output_dir", overwrite=options.overwrite, inputs=inputs)
     check_output(output)
     if options.push_to_hub:
         check_hub_access(options.repo_id)
     checkpoint = load_checkpoint(ckpt_path)
-    # And so must what the run read, as the checkpoint records it: the base model it started from above all.
-    recorded = hparams_inputs(
-        checkpoint.get("hyper_parameters"), checkpoint.get("datamodule_hyper_parameters")
-    )
-    output = replace(output, inputs={**inputs, **{f"{k} in the checkpoint": v for k, v in recorded.items()}})
-    check_output(output)
     module = module_from_checkpoint(checkpoint, base_model)
     tokenizer = tokenizer_for(checkpoint, base_model)
     state = callback_state(checkpoint, HFExport.__qualname__)

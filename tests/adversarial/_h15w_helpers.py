@@ -1,0 +1,170 @@
+"""Shared pieces of the output adversarial suite (test_outputs, test_symlinks, test_concurrency).
+
+``world``: a base model that is itself an earlier export (``base``), a corpus, a user dictionary, a
+new-tokens file, a checkpoint recording them, an earlier export (``exp``) and a CSV log, built once per
+session; each case gets its own copy of the paths it may touch (``ws``) and the user's current directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from mlm_adapt.cli import main
+from mlm_adapt.guard.outputs import write_marker
+from mlm_adapt.guard.staging import STAGING_MARKER
+from mlm_adapt.model import MaskedLMModule
+
+
+@dataclass
+class Workspace:
+    """The paths of one case: ``root`` is the current directory; everything lies below it."""
+
+    root: Path
+    base: Path
+    corpus: Path
+    user_dict: Path
+    new_tokens: Path
+    ckpt: Path
+    exp: Path
+    metrics: Path
+
+    def __getitem__(self, name: str) -> Path:
+        return getattr(self, name)
+
+
+def tree_hashes(path: Path) -> dict[str, str]:
+    """sha256 of every file under ``path`` (links as their target text), by relative path; one file too."""
+    if not os.path.lexists(path):
+        return {}
+    if path.is_symlink():
+        return {".": "link:" + os.readlink(path)}
+    if path.is_file():
+        return {".": hashlib.sha256(path.read_bytes()).hexdigest()}
+    found = {}
+    for root, dirs, files in os.walk(path):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            item = Path(root) / name
+            rel = str(item.relative_to(path))
+            if item.is_symlink():
+                found[rel] = "link:" + os.readlink(item)
+            else:
+                found[rel] = hashlib.sha256(item.read_bytes()).hexdigest()
+    return found
+
+
+def leftovers(directory: Path) -> list[str]:
+    """Staging directories (with our marker) and lock files (with our record) anywhere below ``directory``."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        marked = [d for d in dirs if os.path.isfile(os.path.join(root, d, STAGING_MARKER))]
+        found += [os.path.join(root, d) for d in marked]
+        locks = [os.path.join(root, f) for f in files if f.endswith(".lock")]
+        found += [f for f in locks if "mlm_adapt lock" in Path(f).read_text(errors="replace")]
+    return sorted(found)
+
+
+def run(args: list[str], capsys) -> tuple[int, str, str]:
+    """``python -m mlm_adapt ARGS`` in-process: (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line(err: str, *needles: str) -> None:
+    """Exactly one ``mlm_adapt: error: …`` line on stderr, holding every needle."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("mlm_adapt: error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert ".staging-" not in lines[0]
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """Makes ``path`` read-only even for root (immutable flag), else by its mode; skips if neither holds."""
+    mode = path.stat().st_mode
+    os.chmod(path, stat.S_IMODE(mode) & ~0o222)
+    immutable = False
+    if os.geteuid() == 0:
+        immutable = subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+    try:
+        if not immutable and os.access(path, os.W_OK):
+            pytest.skip("cannot make a path read-only here")
+        yield
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        os.chmod(path, stat.S_IMODE(mode))
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory, tiny_model_dir, review_texts) -> Path:
+    """The session's originals (copied per case by ``ws``); the checkpoint records paths relative to it."""
+    root = tmp_path_factory.mktemp("h15w_world")
+    base = root / "base"
+    shutil.copytree(tiny_model_dir, base)
+    write_marker(base)  # the run started from an earlier export: overwrite alone would replace it
+    (root / "corpus").mkdir()
+    (root / "corpus" / "corpus.txt").write_text("\n".join(review_texts[:200]) + "\n", encoding="utf-8")
+    (root / "user_dict.txt").write_text("好评如潮 10 n\n", encoding="utf-8")
+    (root / "new_tokens.txt").write_text("龘\n", encoding="utf-8")
+    exp = root / "exp"
+    exp.mkdir()
+    for name, text in {"config.json": "{}", "model.safetensors": "w", "README.md": "# card"}.items():
+        (exp / name).write_text(text, encoding="utf-8")
+    write_marker(exp)
+    (root / "logs").mkdir()
+    rows = ["step,train/loss,val/loss"] + [f"{s},{5 - s * 0.1:.2f},{5.2 - s * 0.1:.2f}" for s in range(1, 8)]
+    (root / "logs" / "metrics.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    module = MaskedLMModule(model_name_or_path=str(base), max_seq_length=64, pretrained=False)
+    (root / "run").mkdir()
+    torch.save(
+        {
+            "state_dict": module.state_dict(),
+            "hyper_parameters": {"model_name_or_path": "./base", "max_seq_length": 64},
+            "datamodule_hyper_parameters": {
+                "train_files": ["./corpus/corpus.txt"],
+                "user_dict": "./user_dict.txt",
+                "tokenizer_name_or_path": "./base",
+            },
+            "global_step": 0,
+            "epoch": 0,
+        },
+        root / "run" / "last.ckpt",
+    )
+    return root
+
+
+@pytest.fixture
+def ws(world, tmp_path, monkeypatch) -> Workspace:
+    """A fresh copy of ``world`` under ``tmp_path/work``, the current directory."""
+    work = tmp_path / "work"
+    shutil.copytree(world, work, symlinks=True)
+    monkeypatch.chdir(work)
+    space = Workspace(
+        root=work,
+        base=work / "base",
+        corpus=work / "corpus" / "corpus.txt",
+        user_dict=work / "user_dict.txt",
+        new_tokens=work / "new_tokens.txt",
+        ckpt=work / "run" / "last.ckpt",
+        exp=work / "exp",
+        metrics=work / "logs" / "metrics.csv",
+    )
+    return space

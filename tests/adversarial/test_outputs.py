@@ -1,0 +1,286 @@
+"""Outputs vs inputs: every path the tool writes (export, vocab, plot, fit's export) against what the run
+reads, what is already there and what the system allows. Each refusal comes before any work, as one line,
+with every file unchanged (sha256) and nothing of ours left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import pytest
+from _h15w_helpers import Workspace, assert_one_line, leftovers, read_only, run, tree_hashes, world, ws
+
+from mlm_adapt.downstream import DownstreamEvaluation
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.export import HFExport
+from mlm_adapt.guard.outputs import MARKER
+
+__all__ = ["world", "ws"]  # the fixtures, used by name
+
+EXPORT = ["export", "--ckpt_path=./run/last.ckpt"]
+VOCAB = [
+    "vocab",
+    "--model.model_name_or_path=./base",
+    "--model.new_tokens_file=./new_tokens.txt",
+    "--data.train_files=[./corpus/corpus.txt]",
+    "--data.user_dict=./user_dict.txt",
+    "--data.cache_dir=./hf_cache",
+    "--min_count=2",
+    "--top_k=5",
+]
+PLOT = ["plot", "./logs"]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A command that must refuse: its arguments, what the one line says, and what to set up first."""
+
+    name: str
+    args: list[str]
+    needles: tuple[str, ...]
+    setup: Callable[[Workspace, pytest.MonkeyPatch], Any] | None = None  # may return a context manager
+    code: int = 2
+
+
+def _link(name: str, to: str) -> Callable[..., None]:
+    return lambda ws, mp=None: (ws.root / name).symlink_to(to)
+
+
+def _file(name: str, text: str = "mine", mode: int | None = None) -> Callable[..., None]:
+    def make(ws: Workspace, mp: pytest.MonkeyPatch | None = None) -> None:
+        (ws.root / name).parent.mkdir(parents=True, exist_ok=True)
+        (ws.root / name).write_text(text, encoding="utf-8")
+        if mode is not None:
+            os.chmod(ws.root / name, mode)
+
+    return make
+
+
+def _read_only(name: str, make: str | None = None) -> Callable[..., Any]:
+    """``name`` made read-only (created first as a ``file`` or ``dir`` when ``make`` says so)."""
+
+    def setup(ws: Workspace, mp: pytest.MonkeyPatch | None = None) -> Any:
+        if make == "dir":
+            (ws.root / name).mkdir()
+        elif make == "file":
+            (ws.root / name).write_text("mine", encoding="utf-8")
+        return read_only(ws.root / name)
+
+    return setup
+
+
+def _mount_point(name: str) -> Callable[..., None]:
+    """``name`` reported as a mount point (a container volume), as ``os.path.ismount`` would."""
+
+    def setup(ws: Workspace, mp: pytest.MonkeyPatch) -> None:
+        (ws.root / name).mkdir()
+        real_ismount, target = os.path.ismount, str(ws.root / name)
+        mp.setattr(os.path, "ismount", lambda p: os.fspath(p) == target or real_ismount(p))
+
+    return setup
+
+
+REFUSALS = [
+    # export: the base model, the checkpoint and what the checkpoint records are inputs
+    Refusal("export_onto_base_model_with_overwrite", [*EXPORT, "--output_dir=base", "--overwrite"],
+            ("--output_dir: base", "is the input ./base", "model.model_name_or_path in the checkpoint")),
+    Refusal("export_inside_base_model", [*EXPORT, "--output_dir=base/adapted"],
+            ("lies inside the input ./base",)),
+    Refusal("export_onto_explicit_base_model", [*EXPORT, "--output_dir=base2", "--base_model=./base2",
+            "--overwrite"], ("is the input ./base2 (--base_model)",),
+            setup=lambda ws, mp: os.rename(ws.base, ws.root / "base2")),
+    Refusal("export_onto_checkpoint_file", [*EXPORT, "--output_dir=run/last.ckpt", "--overwrite"],
+            ("is the input ./run/last.ckpt (--ckpt_path)",)),
+    Refusal("export_into_checkpoint_dir", [*EXPORT, "--output_dir=run", "--overwrite"],
+            ("contains the input ./run/last.ckpt (--ckpt_path)",)),
+    Refusal("export_into_corpus_dir", [*EXPORT, "--output_dir=corpus", "--overwrite"],
+            ("contains the input ./corpus/corpus.txt (data.train_files in the checkpoint)",)),
+    Refusal("export_onto_user_dict", [*EXPORT, "--output_dir=user_dict.txt", "--overwrite"],
+            ("is the input ./user_dict.txt (data.user_dict in the checkpoint)",)),
+    Refusal("export_onto_current_directory", [*EXPORT, "--output_dir=.", "--overwrite"],
+            ("--output_dir: . is the current directory",)),
+    Refusal("export_onto_parent_of_cwd", [*EXPORT, "--output_dir=..", "--overwrite"],
+            ("contains the current directory",)),
+    # export: what is there, and what the system allows
+    Refusal("export_second_without_overwrite", [*EXPORT, "--output_dir=exp"],
+            ("--output_dir: exp is not empty; pass overwrite to replace the earlier export",)),
+    Refusal("export_onto_user_directory", [*EXPORT, "--output_dir=thesis", "--overwrite"],
+            ("thesis is not an mlm_adapt export",), setup=_file("thesis/chapter1.tex")),
+    Refusal("export_onto_export_with_user_file", [*EXPORT, "--output_dir=exp", "--overwrite"],
+            ("holds notes.txt, which no export wrote",), setup=_file("exp/notes.txt")),
+    Refusal("export_onto_file", [*EXPORT, "--output_dir=notes.txt", "--overwrite"],
+            ("notes.txt is a file; give a directory",), setup=_file("notes.txt")),
+    Refusal("export_under_a_file", [*EXPORT, "--output_dir=notes.txt/model"],
+            ("notes.txt is a file, not a directory",), setup=_file("notes.txt")),
+    Refusal("export_into_read_only_parent", [*EXPORT, "--output_dir=locked/model"],
+            ("cannot write locked/model", "is read-only"),
+            setup=_read_only("locked", make="dir")),
+    Refusal("export_onto_read_only_export", [*EXPORT, "--output_dir=exp", "--overwrite"],
+            ("--output_dir: exp is read-only",), setup=_read_only("exp")),
+    Refusal("export_onto_mount_point", [*EXPORT, "--output_dir=volume", "--overwrite"],
+            ("volume is a mount point", "volume/model"), setup=_mount_point("volume")),
+    Refusal("export_with_foreign_lock_file", [*EXPORT, "--output_dir=exp", "--overwrite"],
+            ("is not an mlm_adapt lock file",), setup=_file(".exp.lock", "my lock notes")),
+    # vocab: its outputs against the corpus, dictionary, tokens file and model it reads
+    Refusal("vocab_tokens_onto_corpus", [*VOCAB, "--output_tokens=./corpus/corpus.txt"],
+            ("--output_tokens: ./corpus/corpus.txt is the input", "(data.train_files)")),
+    Refusal("vocab_dict_onto_corpus", [*VOCAB, "--output_dict=corpus/corpus.txt"],
+            ("--output_dict: corpus/corpus.txt is the input",)),
+    Refusal("vocab_tokens_onto_user_dict", [*VOCAB, "--output_tokens=user_dict.txt"],
+            ("is the input ./user_dict.txt (data.user_dict)",)),
+    Refusal("vocab_dict_onto_new_tokens", [*VOCAB, "--output_dict=new_tokens.txt"],
+            ("is the input ./new_tokens.txt (model.new_tokens_file)",)),
+    Refusal("vocab_tokens_inside_base_model", [*VOCAB, "--output_tokens=base/vocab.txt"],
+            ("lies inside the input ./base (model.model_name_or_path)",)),
+    Refusal("vocab_tokens_matched_by_corpus_glob",
+            [*VOCAB, "--data.train_files=[./corpus/*.txt]", "--output_tokens=corpus/new.txt"],
+            ("would be read as the input ./corpus/*.txt (data.train_files)",)),
+    Refusal("vocab_dict_equals_tokens", [*VOCAB, "--output_dict=x.txt", "--output_tokens=./x.txt"],
+            ("--output_tokens: ./x.txt is also --output_dict",)),
+    Refusal("vocab_tokens_onto_directory", [*VOCAB, "--output_tokens=corpus"],
+            ("contains the input",)),
+    Refusal("vocab_tokens_onto_read_only_file", [*VOCAB, "--output_tokens=tokens.txt"],
+            ("--output_tokens: tokens.txt is read-only",),
+            setup=_read_only("tokens.txt", make="file")),
+    Refusal("vocab_tokens_onto_a_plain_directory", [*VOCAB, "--output_tokens=somedir"],
+            ("somedir is a directory; give a file path",), setup=_read_only("somedir", make="dir")),
+    # plot: never onto the log it reads
+    Refusal("plot_onto_metrics_csv", [*PLOT, "--output=logs/metrics.csv"],
+            ("--output: logs/metrics.csv is the input", "(run_dir)")),
+    Refusal("plot_to_a_csv_file", [*PLOT, "--output=curves.csv"],
+            ("--output: curves.csv: matplotlib cannot draw .csv files",)),
+    Refusal("plot_png_link_onto_metrics_csv", [*PLOT, "--output=curves.png"],
+            ("--output: curves.png (->", "is the input", "metrics.csv (run_dir)"),
+            setup=_link("curves.png", "logs/metrics.csv")),
+    Refusal("plot_default_output_is_a_link_to_the_log", PLOT, ("is the input",),
+            setup=_link("logs/curves.png", "metrics.csv")),
+    Refusal("plot_onto_read_only_png", [*PLOT, "--output=curves.png"], ("curves.png is read-only",),
+            setup=_read_only("curves.png", make="file")),
+]
+
+
+@pytest.mark.parametrize("case", REFUSALS, ids=[c.name for c in REFUSALS])
+def test_refused_before_any_work_changing_nothing(case: Refusal, ws: Workspace, capsys, monkeypatch):
+    held = case.setup(ws, monkeypatch) if case.setup else None
+    with held if hasattr(held, "__enter__") else contextlib.nullcontext():
+        before = tree_hashes(ws.root.parent)
+        code, out, err = run(case.args, capsys)
+        after = tree_hashes(ws.root.parent)
+    assert code == case.code, err
+    assert_one_line(err, *case.needles)
+    assert after == before
+    assert leftovers(ws.root.parent) == []
+    assert "wrote" not in out
+
+
+@dataclass(frozen=True)
+class Success:
+    """A command that must succeed: what it writes, and what must stay as it was."""
+
+    name: str
+    args: list[str]
+    written: tuple[str, ...]
+    kept: tuple[str, ...] = ("base", "corpus", "user_dict.txt", "new_tokens.txt", "run", "logs/metrics.csv")
+    setup: Callable[..., Any] | None = None
+    mode: int = 0o644  # of every file written, under umask 022
+
+
+SUCCESSES = [
+    Success("export_fresh_directory", [*EXPORT, "--output_dir=out/model"], ("out/model/model.safetensors",)),
+    Success("export_beside_users_staging_named_dir", [*EXPORT, "--output_dir=exp", "--overwrite"],
+            ("exp/model.safetensors",), kept=("base", "run", ".exp.staging-mynotes"),
+            setup=_file(".exp.staging-mynotes/notes.md", "my notes")),
+    Success("export_overwrite_earlier_export", [*EXPORT, "--output_dir=exp", "--overwrite"],
+            ("exp/model.safetensors", "exp/README.md")),
+    Success("vocab_writes_both_files",
+            [*VOCAB, "--output_dict=out/dict.txt", "--output_tokens=out/tokens.txt"],
+            ("out/dict.txt", "out/tokens.txt")),
+    Success("plot_default_output", PLOT, ("logs/curves.png",)),
+    Success("plot_replaces_its_own_png_keeping_its_mode", [*PLOT, "--output=curves.png"], ("curves.png",),
+            mode=0o600, setup=_file("curves.png", mode=0o600)),
+]
+
+
+@pytest.mark.parametrize("case", SUCCESSES, ids=[c.name for c in SUCCESSES])
+def test_written_atomically_with_umask_modes_and_inputs_kept(case: Success, ws: Workspace, capsys):
+    if case.setup:
+        case.setup(ws, None)
+    kept = {name: tree_hashes(ws.root / name) for name in case.kept}
+    old_umask = os.umask(0o022)
+    try:
+        code, out, err = run(case.args, capsys)
+    finally:
+        os.umask(old_umask)
+    assert code == 0, err
+    assert "wrote" in out
+    for name in case.written:
+        path = ws.root / name
+        assert path.is_file()
+        # Every file of a directory we wrote (model.safetensors was 0600 under umask 022), else ours alone.
+        ours = path.parent.iterdir() if path.parent not in (ws.root, ws.root / "logs") else [path]
+        modes = {p.name: p.stat().st_mode & 0o777 for p in ours if p.is_file()}
+        assert set(modes.values()) == {case.mode}, modes
+        if path.parent.name in ("model", "exp"):
+            assert path.parent.stat().st_mode & 0o777 == 0o755 and (path.parent / MARKER).is_file()
+    assert {name: tree_hashes(ws.root / name) for name in case.kept} == kept
+    assert leftovers(ws.root.parent) == []
+
+
+class _Module(L.LightningModule):
+    def __init__(self, **hparams: Any):
+        super().__init__()
+        self.save_hyperparameters()
+
+
+@dataclass(frozen=True)
+class FitCase:
+    """``fit``'s export directory, refused in ``HFExport.setup`` (before training)."""
+
+    name: str
+    output_dir: str
+    needles: tuple[str, ...]
+    setup: Callable[..., Any] | None = None
+    tasks: bool = False
+    ckpt: bool = False
+
+
+FIT_CASES = [
+    FitCase("fit_export_onto_base_model", "base", ("export.output_dir: base", "(model.model_name_or_path)")),
+    FitCase("fit_export_inside_base_model", "base/export", ("lies inside the input",)),
+    FitCase("fit_export_onto_new_tokens_file", "new_tokens.txt", ("(model.new_tokens_file)",)),
+    FitCase("fit_export_into_task_dir", "tasks", ("(downstream.tasks[0].train_files)",), tasks=True),
+    FitCase("fit_export_into_resumed_checkpoint_dir", "run", ("(ckpt_path)",), ckpt=True),
+    FitCase("fit_export_into_dangling_link", "gone", ("export.output_dir: gone is a symbolic link to",),
+            setup=_link("gone", "nowhere/model")),
+    FitCase("fit_export_into_read_only_dir", "locked/model", ("cannot write locked/model",),
+            setup=_read_only("locked", make="dir")),
+]
+
+
+@pytest.mark.parametrize("case", FIT_CASES, ids=[c.name for c in FIT_CASES])
+def test_fit_export_refused_before_training(case: FitCase, ws: Workspace):
+    callbacks = []
+    if case.tasks:
+        (ws.root / "tasks").mkdir()
+        (ws.root / "tasks" / "train.jsonl").write_text('{"text": "好", "label": 1}\n', encoding="utf-8")
+        task = {"name": "t", "train_files": ["./tasks/train.jsonl"], "test_files": ["./tasks/train.jsonl"]}
+        callbacks.append(DownstreamEvaluation(tasks=[task]))
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, callbacks=callbacks)
+    if case.ckpt:
+        trainer.ckpt_path = str(ws.ckpt)
+    module = _Module(model_name_or_path="./base", new_tokens_file="./new_tokens.txt")
+    held = case.setup(ws, None) if case.setup else None
+    with held if hasattr(held, "__enter__") else contextlib.nullcontext():
+        before = tree_hashes(ws.root.parent)
+        with pytest.raises(MLMAdaptError) as raised:
+            HFExport(output_dir=case.output_dir, overwrite=True).setup(trainer, module, "fit")
+        assert tree_hashes(ws.root.parent) == before
+    message = str(raised.value)
+    assert "\n" not in message and ".staging-" not in message
+    for needle in case.needles:
+        assert needle in message, message
+    assert leftovers(ws.root.parent) == []
