@@ -13,9 +13,10 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -168,3 +169,55 @@ def ws(world, tmp_path, monkeypatch) -> Workspace:
         metrics=work / "logs" / "metrics.csv",
     )
     return space
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A command that must refuse: its arguments, what the one line says, and what to set up first."""
+
+    name: str
+    args: list[str]
+    needles: tuple[str, ...]
+    setup: Callable[[Workspace, pytest.MonkeyPatch], Any] | None = None  # may return a context manager
+    code: int = 2
+
+
+def make_link(name: str, to: str) -> Callable[..., None]:
+    return lambda ws, mp=None: (ws.root / name).symlink_to(to)
+
+
+def make_file(name: str, text: str = "mine", mode: int | None = None) -> Callable[..., None]:
+    def make(ws: Workspace, mp: pytest.MonkeyPatch | None = None) -> None:
+        (ws.root / name).parent.mkdir(parents=True, exist_ok=True)
+        (ws.root / name).write_text(text, encoding="utf-8")
+        if mode is not None:
+            os.chmod(ws.root / name, mode)
+
+    return make
+
+
+def read_only_setup(name: str, make: str | None = None) -> Callable[..., Any]:
+    """``name`` made read-only (created first as a ``file`` or ``dir`` when ``make`` says so)."""
+
+    def setup(ws: Workspace, mp: pytest.MonkeyPatch | None = None) -> Any:
+        if make == "dir":
+            (ws.root / name).mkdir()
+        elif make == "file":
+            (ws.root / name).write_text("mine", encoding="utf-8")
+        return read_only(ws.root / name)
+
+    return setup
+
+
+def check_refused(case: Refusal, ws: Workspace, capsys, monkeypatch) -> None:
+    """Runs a refused case: exit status, one line, every file unchanged, nothing of ours left."""
+    held = case.setup(ws, monkeypatch) if case.setup else None
+    with held if isinstance(held, contextlib.AbstractContextManager) else contextlib.nullcontext():
+        before = tree_hashes(ws.root.parent)
+        code, out, err = run(case.args, capsys)
+        after = tree_hashes(ws.root.parent)
+    assert code == case.code, err
+    assert_one_line(err, *case.needles)
+    assert after == before
+    assert leftovers(ws.root.parent) == []
+    assert "wrote" not in out

@@ -12,7 +12,19 @@ from typing import Any
 
 import lightning as L
 import pytest
-from _h15w_helpers import Workspace, assert_one_line, leftovers, read_only, run, tree_hashes, world, ws
+from _h15w_helpers import (
+    Refusal,
+    Workspace,
+    check_refused,
+    leftovers,
+    make_file,
+    make_link,
+    read_only_setup,
+    run,
+    tree_hashes,
+    world,
+    ws,
+)
 
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
@@ -33,44 +45,6 @@ VOCAB = [
     "--top_k=5",
 ]
 PLOT = ["plot", "./logs"]
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """A command that must refuse: its arguments, what the one line says, and what to set up first."""
-
-    name: str
-    args: list[str]
-    needles: tuple[str, ...]
-    setup: Callable[[Workspace, pytest.MonkeyPatch], Any] | None = None  # may return a context manager
-    code: int = 2
-
-
-def _link(name: str, to: str) -> Callable[..., None]:
-    return lambda ws, mp=None: (ws.root / name).symlink_to(to)
-
-
-def _file(name: str, text: str = "mine", mode: int | None = None) -> Callable[..., None]:
-    def make(ws: Workspace, mp: pytest.MonkeyPatch | None = None) -> None:
-        (ws.root / name).parent.mkdir(parents=True, exist_ok=True)
-        (ws.root / name).write_text(text, encoding="utf-8")
-        if mode is not None:
-            os.chmod(ws.root / name, mode)
-
-    return make
-
-
-def _read_only(name: str, make: str | None = None) -> Callable[..., Any]:
-    """``name`` made read-only (created first as a ``file`` or ``dir`` when ``make`` says so)."""
-
-    def setup(ws: Workspace, mp: pytest.MonkeyPatch | None = None) -> Any:
-        if make == "dir":
-            (ws.root / name).mkdir()
-        elif make == "file":
-            (ws.root / name).write_text("mine", encoding="utf-8")
-        return read_only(ws.root / name)
-
-    return setup
 
 
 def _mount_point(name: str) -> Callable[..., None]:
@@ -109,22 +83,22 @@ REFUSALS = [
     Refusal("export_second_without_overwrite", [*EXPORT, "--output_dir=exp"],
             ("--output_dir: exp is not empty; pass overwrite to replace the earlier export",)),
     Refusal("export_onto_user_directory", [*EXPORT, "--output_dir=thesis", "--overwrite"],
-            ("thesis is not an mlm_adapt export",), setup=_file("thesis/chapter1.tex")),
+            ("thesis is not an mlm_adapt export",), setup=make_file("thesis/chapter1.tex")),
     Refusal("export_onto_export_with_user_file", [*EXPORT, "--output_dir=exp", "--overwrite"],
-            ("holds notes.txt, which no export wrote",), setup=_file("exp/notes.txt")),
+            ("holds notes.txt, which no export wrote",), setup=make_file("exp/notes.txt")),
     Refusal("export_onto_file", [*EXPORT, "--output_dir=notes.txt", "--overwrite"],
-            ("notes.txt is a file; give a directory",), setup=_file("notes.txt")),
+            ("notes.txt is a file; give a directory",), setup=make_file("notes.txt")),
     Refusal("export_under_a_file", [*EXPORT, "--output_dir=notes.txt/model"],
-            ("notes.txt is a file, not a directory",), setup=_file("notes.txt")),
+            ("notes.txt is a file, not a directory",), setup=make_file("notes.txt")),
     Refusal("export_into_read_only_parent", [*EXPORT, "--output_dir=locked/model"],
             ("cannot write locked/model", "is read-only"),
-            setup=_read_only("locked", make="dir")),
+            setup=read_only_setup("locked", make="dir")),
     Refusal("export_onto_read_only_export", [*EXPORT, "--output_dir=exp", "--overwrite"],
-            ("--output_dir: exp is read-only",), setup=_read_only("exp")),
+            ("--output_dir: exp is read-only",), setup=read_only_setup("exp")),
     Refusal("export_onto_mount_point", [*EXPORT, "--output_dir=volume", "--overwrite"],
             ("volume is a mount point", "volume/model"), setup=_mount_point("volume")),
     Refusal("export_with_foreign_lock_file", [*EXPORT, "--output_dir=exp", "--overwrite"],
-            ("is not an mlm_adapt lock file",), setup=_file(".exp.lock", "my lock notes")),
+            ("is not an mlm_adapt lock file",), setup=make_file(".exp.lock", "my lock notes")),
     # vocab: its outputs against the corpus, dictionary, tokens file and model it reads
     Refusal("vocab_tokens_onto_corpus", [*VOCAB, "--output_tokens=./corpus/corpus.txt"],
             ("--output_tokens: ./corpus/corpus.txt is the input", "(data.train_files)")),
@@ -145,9 +119,9 @@ REFUSALS = [
             ("contains the input",)),
     Refusal("vocab_tokens_onto_read_only_file", [*VOCAB, "--output_tokens=tokens.txt"],
             ("--output_tokens: tokens.txt is read-only",),
-            setup=_read_only("tokens.txt", make="file")),
+            setup=read_only_setup("tokens.txt", make="file")),
     Refusal("vocab_tokens_onto_a_plain_directory", [*VOCAB, "--output_tokens=somedir"],
-            ("somedir is a directory; give a file path",), setup=_read_only("somedir", make="dir")),
+            ("somedir is a directory; give a file path",), setup=read_only_setup("somedir", make="dir")),
     # plot: never onto the log it reads
     Refusal("plot_onto_metrics_csv", [*PLOT, "--output=logs/metrics.csv"],
             ("--output: logs/metrics.csv is the input", "(run_dir)")),
@@ -155,26 +129,17 @@ REFUSALS = [
             ("--output: curves.csv: matplotlib cannot draw .csv files",)),
     Refusal("plot_png_link_onto_metrics_csv", [*PLOT, "--output=curves.png"],
             ("--output: curves.png (->", "is the input", "metrics.csv (run_dir)"),
-            setup=_link("curves.png", "logs/metrics.csv")),
+            setup=make_link("curves.png", "logs/metrics.csv")),
     Refusal("plot_default_output_is_a_link_to_the_log", PLOT, ("is the input",),
-            setup=_link("logs/curves.png", "metrics.csv")),
+            setup=make_link("logs/curves.png", "metrics.csv")),
     Refusal("plot_onto_read_only_png", [*PLOT, "--output=curves.png"], ("curves.png is read-only",),
-            setup=_read_only("curves.png", make="file")),
+            setup=read_only_setup("curves.png", make="file")),
 ]
 
 
 @pytest.mark.parametrize("case", REFUSALS, ids=[c.name for c in REFUSALS])
 def test_refused_before_any_work_changing_nothing(case: Refusal, ws: Workspace, capsys, monkeypatch):
-    held = case.setup(ws, monkeypatch) if case.setup else None
-    with held if hasattr(held, "__enter__") else contextlib.nullcontext():
-        before = tree_hashes(ws.root.parent)
-        code, out, err = run(case.args, capsys)
-        after = tree_hashes(ws.root.parent)
-    assert code == case.code, err
-    assert_one_line(err, *case.needles)
-    assert after == before
-    assert leftovers(ws.root.parent) == []
-    assert "wrote" not in out
+    check_refused(case, ws, capsys, monkeypatch)
 
 
 @dataclass(frozen=True)
@@ -193,7 +158,7 @@ SUCCESSES = [
     Success("export_fresh_directory", [*EXPORT, "--output_dir=out/model"], ("out/model/model.safetensors",)),
     Success("export_beside_users_staging_named_dir", [*EXPORT, "--output_dir=exp", "--overwrite"],
             ("exp/model.safetensors",), kept=("base", "run", ".exp.staging-mynotes"),
-            setup=_file(".exp.staging-mynotes/notes.md", "my notes")),
+            setup=make_file(".exp.staging-mynotes/notes.md", "my notes")),
     Success("export_overwrite_earlier_export", [*EXPORT, "--output_dir=exp", "--overwrite"],
             ("exp/model.safetensors", "exp/README.md")),
     Success("vocab_writes_both_files",
@@ -201,7 +166,7 @@ SUCCESSES = [
             ("out/dict.txt", "out/tokens.txt")),
     Success("plot_default_output", PLOT, ("logs/curves.png",)),
     Success("plot_replaces_its_own_png_keeping_its_mode", [*PLOT, "--output=curves.png"], ("curves.png",),
-            mode=0o600, setup=_file("curves.png", mode=0o600)),
+            mode=0o600, setup=make_file("curves.png", mode=0o600)),
 ]
 
 
@@ -255,9 +220,9 @@ FIT_CASES = [
     FitCase("fit_export_into_task_dir", "tasks", ("(downstream.tasks[0].train_files)",), tasks=True),
     FitCase("fit_export_into_resumed_checkpoint_dir", "run", ("(ckpt_path)",), ckpt=True),
     FitCase("fit_export_into_dangling_link", "gone", ("export.output_dir: gone is a symbolic link to",),
-            setup=_link("gone", "nowhere/model")),
+            setup=make_link("gone", "nowhere/model")),
     FitCase("fit_export_into_read_only_dir", "locked/model", ("cannot write locked/model",),
-            setup=_read_only("locked", make="dir")),
+            setup=read_only_setup("locked", make="dir")),
 ]
 
 
