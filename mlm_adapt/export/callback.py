@@ -29,9 +29,11 @@ DEFAULT_DIRNAME = "hf_model"
 # Strategies whose module holds the whole model on every rank (others shard it: export reads checkpoints).
 WHOLE_WEIGHTS = (SingleDeviceStrategy, DDPStrategy)
 
-# Hyper-parameters naming files or directories the run reads (the export must never contain them).
+# Hyper-parameters naming files or directories the run reads: an output never is, contains, lies inside or
+# would be globbed as one of them. (The datasets cache is not an input: an export inside it is harmless, and
+# overwrite never replaces it, as it is no export.)
 _MODEL_INPUTS = ("model_name_or_path", "new_tokens_file")
-_DATA_INPUTS = ("train_files", "validation_files", "test_files", "mix_files", "user_dict", "cache_dir")
+_DATA_INPUTS = ("train_files", "validation_files", "test_files", "mix_files", "user_dict")
 
 
 def _run_dirs(trainer: L.Trainer) -> list[str]:
@@ -74,8 +76,6 @@ def _inputs(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, list[
             for i, task in enumerate(callback.tasks):
                 found[f"downstream.tasks[{i}].train_files"] = list(task.train_files)
                 found[f"downstream.tasks[{i}].test_files"] = list(task.test_files)
-            if callback.cache_dir:
-                found["downstream.cache_dir"] = [callback.cache_dir]
     if trainer.ckpt_path:
         found["ckpt_path"] = [str(trainer.ckpt_path)]
     return found

@@ -4,16 +4,15 @@ The lock file is created next to the real (symlink-resolved) output, so two spel
 share one lock. It holds a small JSON record (pid, host) for the "busy" message and is removed on
 release; the inode is re-checked after locking so a lock file removed and recreated meanwhile is never
 trusted. A file at the lock's name that is not such a record (a user's) is refused, never truncated.
-Locks are re-entrant within a process (the ``export`` command holds one across its checks and writes).
-On filesystems without ``flock`` (Lustre mounted without ``-o flock``) the write goes on unlocked after
-a warning: the atomic publish still holds, only concurrent writers are no longer told apart.
+Locks are re-entrant within a process. Where ``flock`` is missing (Lustre mounted without ``-o flock``,
+Windows) the write goes on unlocked after a warning: the atomic publish still holds, only concurrent
+writers are no longer told apart.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import socket
@@ -23,6 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mlm_adapt.errors import MLMAdaptError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; writes go on unlocked (see the module docstring)
+    fcntl = None
 
 _LOCK_FORMAT = "mlm_adapt lock"
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
@@ -88,6 +92,8 @@ def acquire(target: Path, key: str, shown: str) -> None:
         while True:
             fd = _open_lock(path, key, shown)
             try:
+                if fcntl is None:
+                    raise OSError(errno.ENOSYS, "no flock on this platform")
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
@@ -153,6 +159,8 @@ def locked(target: Path, key: str, shown: str) -> Iterator[None]:
 
 def try_lock_file(fd: int) -> bool:
     """Whether the lock on an open file could be taken now (its holder, if any, is gone); keeps it."""
+    if fcntl is None:
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
