@@ -20,7 +20,7 @@ import pytest
 from _h15w_helpers import Workspace, assert_one_line, leftovers, run, tree_hashes, world, ws
 
 from mlm_adapt.export import writer
-from mlm_adapt.guard.outputs import MARKER, is_complete_export
+from mlm_adapt.guard.outputs import MARKER, Output, is_complete_export, write_directory
 from mlm_adapt.guard.staging import STAGING_MARKER, create_staging
 
 __all__ = ["world", "ws"]
@@ -207,3 +207,62 @@ def test_two_sequential_exports_without_overwrite(ws: Workspace, capsys):
     assert_one_line(err, "--output_dir: twice is not empty; pass overwrite to replace the earlier export")
     assert tree_hashes(ws.root / "twice") == first
     assert leftovers(ws.root.parent) == []
+
+
+class _SafetensorError(Exception):
+    """What safetensors raises on a full disk: no OSError, only the text."""
+
+
+def _fail_on_second_rename(mp: pytest.MonkeyPatch) -> None:
+    real_rename, calls = os.rename, []
+
+    def rename(src, dst):
+        calls.append(src)
+        if len(calls) == 2:  # the earlier export is aside in ``old``; the new one cannot take its place
+            raise PermissionError(13, "Permission denied", str(dst))
+        real_rename(src, dst)
+
+    mp.setattr(os, "rename", rename)
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """A write into an earlier export that fails midway: the error the user sees, and nothing lost."""
+
+    name: str
+    fail: Callable[[Path, pytest.MonkeyPatch], None]  # called inside the write (staging path, monkeypatch)
+    error: type[BaseException]
+    text: str  # in str(error), with the user's path
+
+
+def _raise(exc: Callable[[Path], BaseException]) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    def fail(staging: Path, mp: pytest.MonkeyPatch) -> None:
+        raise exc(staging)
+
+    return fail
+
+
+INTERRUPTED = [
+    Interrupted("disk_full_oserror_names_the_user_path",
+                _raise(lambda s: OSError(28, "No space left on device", str(s / "model.safetensors"))),
+                OSError, "{exp}/model.safetensors"),
+    Interrupted("disk_full_library_error_names_the_user_path",
+                _raise(lambda s: _SafetensorError("No space left on device (os error 28)")),
+                OSError, "{exp}"),
+    Interrupted("interrupt_midway_keeps_the_earlier_export", _raise(lambda s: KeyboardInterrupt()),
+                KeyboardInterrupt, ""),
+    Interrupted("failed_swap_puts_the_earlier_export_back", lambda s, mp: _fail_on_second_rename(mp),
+                PermissionError, "{exp}"),
+]
+
+
+@pytest.mark.parametrize("case", INTERRUPTED, ids=[c.name for c in INTERRUPTED])
+def test_interrupted_write_loses_nothing(case: Interrupted, ws: Workspace, monkeypatch):
+    before = tree_hashes(ws.exp)
+    with pytest.raises(case.error) as raised, write_directory(Output(ws.exp, overwrite=True)) as staging:
+        (staging / "model.safetensors").write_text("new weights", encoding="utf-8")
+        case.fail(staging, monkeypatch)
+    monkeypatch.undo()
+    assert case.text.format(exp=ws.exp) in str(raised.value) and ".staging-" not in str(raised.value)
+    assert tree_hashes(ws.exp) == before
+    assert leftovers(ws.root.parent) == [] and not list(ws.root.glob(".exp.staging-*"))
