@@ -57,8 +57,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
-        with write_file(Output(path, key="checkpoint", directory=False, follow_link=False)) as staged:
-            torch.save(checkpoint, staged)
+        with (
+            write_file(Output(path, key="checkpoint", directory=False, follow_link=False)) as staged,
+            # A Python file: a full disk is then an OSError (ENOSPC), not torch's "unexpected pos".
+            open(staged, "wb") as handle,
+        ):
+            torch.save(checkpoint, handle)
 
 
 def batch_seed(seed: int, epoch: int, batch_idx: int, rank: int) -> int:

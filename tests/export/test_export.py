@@ -21,8 +21,8 @@ from mlm_adapt.cli import main
 from mlm_adapt.cli.export import export_main
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
-from mlm_adapt.guard.outputs import MARKER
 from mlm_adapt.export.writer import verify_export
+from mlm_adapt.guard.outputs import MARKER
 
 PROBE = ["北京[MASK][MASK]你！", "这本书的内容很好，值得一读。"]
 FILES = {

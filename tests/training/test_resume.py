@@ -88,7 +88,8 @@ def test_atomic_checkpoint_io_keeps_the_old_file_until_the_new_one_is_complete(t
 
     def interrupted_replace(src, dst):
         # The moment before the rename: the new file is complete next to the target, the old one untouched.
-        seen["same_dir"] = Path(src).parent == Path(dst).parent
+        # In a staging directory beside the target: the same filesystem, so the rename is atomic.
+        seen["same_dir"] = Path(src).parent.parent == Path(dst).parent
         seen["new_complete"] = torch.load(src, weights_only=False)["step"] == 2
         seen["old_intact"] = torch.load(dst, weights_only=False)["step"] == 1
         raise KeyboardInterrupt  # stands in for the process dying here
