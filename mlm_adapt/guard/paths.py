@@ -101,7 +101,7 @@ def _inputs(inputs: Mapping[str, Iterable[str | Path | None]]) -> list[_Input]:
             given = str(item)
             path = Path(given).expanduser()
             if any(c in given for c in _GLOB_CHARS):
-                fixed = [p for p in path.parts]
+                fixed = list(path.parts)
                 cut = next(i for i, p in enumerate(fixed) if any(c in p for c in _GLOB_CHARS))
                 root = Path(os.path.realpath(Path(*fixed[:cut]) if cut else Path(".")))
                 found.append(_Input(key, given, root, tuple(fixed[cut:])))
