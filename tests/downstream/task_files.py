@@ -77,7 +77,9 @@ def pair_rows(n: int, seed: int) -> list[dict]:
     for i in range(n):
         chars = POSITIVE if i % 2 else NEGATIVE
         first = "".join(rng.choice(FILLER) for _ in range(rng.randint(4, 10)))
-        second = "".join(rng.choice(chars if rng.random() < 0.6 else FILLER) for _ in range(rng.randint(4, 10)))
+        second = "".join(
+            rng.choice(chars if rng.random() < 0.6 else FILLER) for _ in range(rng.randint(4, 10))
+        )
         rows.append({"sentence1": first, "sentence2": second, "label": str(i % 2)})
     return rows
 

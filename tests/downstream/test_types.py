@@ -149,7 +149,9 @@ def test_layer_states_keeps_only_the_output_by_default(model, tokenizer):
 def test_features_are_stored_in_the_given_precision(model, tokenizer, tmp_path, dtype):
     evaluator = TaskEvaluator(load_task(task("s", sentiment_files(tmp_path)), 0), tokenizer, 64, 40, 20)
     full, labels, _ = extract_features(model, tokenizer, evaluator.test, evaluator.kind.select)
-    half, same_labels, _ = extract_features(model, tokenizer, evaluator.test, evaluator.kind.select, dtype=dtype)
+    half, same_labels, _ = extract_features(
+        model, tokenizer, evaluator.test, evaluator.kind.select, dtype=dtype
+    )
     assert full.dtype == torch.float32 and half.dtype == dtype and half.shape == full.shape == (20, 32)
     assert torch.equal(labels, same_labels) and torch.allclose(half.float(), full, rtol=1e-2, atol=1e-2)
     scores, _ = evaluator.linear_probe(model, bootstrap=0, dtype=dtype)

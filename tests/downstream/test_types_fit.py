@@ -57,7 +57,9 @@ def test_probe_of_every_type_every_second_validation_with_bounds_and_progress_li
                 assert -1 <= value <= 1 and f"downstream/{name}/{metric}_std" in callback.results[step]
     assert [e.sizes for e in callback.evaluators] == [(30, 16), (30, 16), (30, 16), (30, 16)]
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mlm_adapt downstream: ")]
-    assert lines[0].startswith("mlm_adapt downstream: linear_probe of sentiment (sequence_classification): 30 ")
+    assert lines[0].startswith(
+        "mlm_adapt downstream: linear_probe of sentiment (sequence_classification): 30 "
+    )
     assert "pairs (pair_classification)" in lines[0] and "scores (regression)" in lines[0]
     assert "mlm_adapt downstream: sentiment linear_probe train features: 30 rows in " in lines[1]
     assert lines[1].endswith(" s")
