@@ -99,3 +99,42 @@ def test_progress_bar_replaces_the_lines(capsys):
 def test_bounds_below_one_are_one_line(key):
     with pytest.raises(MLMAdaptError, match=rf"^downstream.{key}=0 must be at least 1$"):
         DownstreamEvaluation(**{key: 0})
+
+
+@pytest.mark.parametrize(
+    ("case", "row", "expected"),
+    [
+        ("regression_label_not_a_number", {"text": "好", "label": "high"}, "label_column: label 'high' in "),
+        (
+            "pair_column_missing",
+            {"text": "好", "label": "1"},
+            "text_pair_column: column 'sentence2' not found",
+        ),
+    ],
+    ids=lambda value: value if isinstance(value, str) and " " not in value else "",
+)
+def test_cli_reports_bad_pair_and_regression_files_in_one_line(
+    tiny_model_dir, corpus_file, tmp_path, capsys, case, row, expected
+):
+    import json
+
+    from conftest import tiny_fit_args
+    from task_files import write_jsonl
+
+    from mlm_adapt.cli.commands import main
+
+    bad = write_jsonl(tmp_path / "bad.jsonl", [row, {**row, "label": "2"}])
+    kind = "regression" if case.startswith("regression") else "pair_classification"
+    tasks = [{"name": "t", "type": kind, "train_files": [str(bad)], "test_files": [str(bad)]}]
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "fit",
+                *tiny_fit_args(
+                    tiny_model_dir, corpus_file, tmp_path, f"--downstream.tasks={json.dumps(tasks)}"
+                ),
+            ]
+        )
+    assert exit_info.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mlm_adapt: error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"mlm_adapt: error: downstream.tasks[0].{expected}")
