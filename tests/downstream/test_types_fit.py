@@ -107,7 +107,7 @@ def test_bounds_below_one_are_one_line(key):
         ("regression_label_not_a_number", {"text": "好", "label": "high"}, "label_column: label 'high' in "),
         (
             "pair_column_missing",
-            {"text": "好", "label": "1"},
+            {"sentence1": "好", "label": "1"},
             "text_pair_column: column 'sentence2' not found",
         ),
     ],
