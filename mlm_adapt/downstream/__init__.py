@@ -2,6 +2,16 @@
 
 from mlm_adapt.downstream.callback import DownstreamEvaluation
 from mlm_adapt.downstream.evaluate import TaskEvaluator
-from mlm_adapt.downstream.tasks import DownstreamTask, LoadedTask, load_task
+from mlm_adapt.downstream.spec import DownstreamTask
+from mlm_adapt.downstream.tasks import LoadedTask, load_task
+from mlm_adapt.downstream.types import TASK_TYPES, TaskType
 
-__all__ = ["DownstreamEvaluation", "DownstreamTask", "LoadedTask", "TaskEvaluator", "load_task"]
+__all__ = [
+    "TASK_TYPES",
+    "DownstreamEvaluation",
+    "DownstreamTask",
+    "LoadedTask",
+    "TaskEvaluator",
+    "TaskType",
+    "load_task",
+]

@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from mlm_adapt.downstream.evaluate import Method, TaskEvaluator
 from mlm_adapt.downstream.features import Pooling
+from mlm_adapt.downstream.progress import Progress
 from mlm_adapt.downstream.tasks import load_task, parse_task
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.corpus import expand_files
@@ -28,15 +29,23 @@ class DownstreamEvaluation(L.Callback):
     model) and at the end of every validation, logged as ``downstream/<task>/<metric>`` and
     ``downstream/<task>/<metric>_std``, plus ``downstream/time_s`` (seconds the evaluation took).
 
-    Sequence tasks log ``accuracy`` and ``macro_f1``; token (BIO) tasks log entity-level ``f1`` (exact
-    span and type, micro-averaged over entities, as conlleval/seqeval) and word ``accuracy``.
+    Task types (``type:`` of a task): ``sequence_classification`` and ``pair_classification`` log
+    ``accuracy`` and ``macro_f1``; ``token_classification`` (BIO tags) logs entity-level ``f1`` (exact span
+    and type, micro-averaged over entities, as conlleval/seqeval) and word ``accuracy``; ``regression``
+    logs ``pearson`` and ``spearman``.
 
     ``linear_probe`` (default, cheap enough for every validation): features of the frozen encoder
-    (``pooling`` over the last layer, or the concatenated ``layers``; token tasks: each word's first
-    sub-token), then a logistic regression trained to convergence (L-BFGS). It has no seed, so its
-    ``_std`` is the bootstrap standard error over test examples (``bootstrap`` resamples).
-    ``finetune``: ``seeds`` short full fine-tunes of a copy of the weights (``AutoModelFor{Sequence,Token}
-    Classification``), at step 0 and at the end of training only; ``_std`` is the spread over seeds.
+    (``pooling`` over its output, or the concatenated ``layers``; token tasks: each word's first
+    sub-token), then a logistic regression trained to convergence (L-BFGS; ridge regression for
+    ``regression``). It has no seed, so its ``_std`` is the bootstrap standard error over test examples
+    (``bootstrap`` resamples). ``finetune``: ``seeds`` short full fine-tunes of a copy of the weights (the
+    type's ``AutoModelFor…`` class), at step 0 and at the end of training only; ``_std`` is the spread
+    over seeds.
+
+    Cost: one forward pass per train and test row per evaluation (probe), or ``seeds × finetune_steps``
+    training steps. Bound it with ``max_train_examples``/``max_test_examples`` (a fixed seeded subset,
+    the same at every evaluation) and ``every_n_validations``. Each phase shows a progress bar, or logs
+    one line with its counts and duration under ``--trainer.enable_progress_bar false``.
 
     Every rank computes the same thing and rank 0's result is broadcast, so all ranks log identical values
     and none waits on another for longer than the evaluation itself (sharded strategies work for the probe).
@@ -45,19 +54,24 @@ class DownstreamEvaluation(L.Callback):
 
     Args:
         tasks: Labelled tasks, each a mapping with ``name``, ``train_files``, ``test_files`` and optionally
-            ``type`` (``sequence_classification`` or ``token_classification``), ``text_column``,
-            ``text_pair_column``, ``label_column``, ``tokens_column``, ``tags_column``.
+            ``type`` (``sequence_classification``, ``pair_classification``, ``token_classification`` or
+            ``regression``), ``text_column``, ``text_pair_column``, ``label_column``, ``tokens_column``,
+            ``tags_column``.
         method: ``linear_probe`` or ``finetune``.
         seeds: Fine-tuning runs per evaluation (``finetune`` only).
-        layers: Hidden states the probe reads, concatenated (0: embeddings, -1: last layer).
+        layers: Hidden states the probe reads, concatenated (0: embeddings, -1: the encoder's output, the
+            only one kept in memory by default; other layers keep every layer's states of a batch).
         pooling: Probe features of a text: ``mean`` of its non-special tokens, ``first`` ([CLS]) or
             ``mean_first`` (both, concatenated).
         probe_l2: L2 weight of the probe's logistic regression (on standardized features).
         bootstrap: Test-set resamples for the probe's ``_std`` (0: none logged).
         max_length: Tokens per row; default: the model's ``max_seq_length``, at most 512.
         batch_size: Rows per forward pass.
-        max_train_examples: Train the probe/fine-tune on at most this many examples per task (seeded subset).
-        max_test_examples: Score at most this many test examples per task (seeded subset).
+        max_train_examples: Train the probe/fine-tune on at most this many examples per task (a seeded
+            subset, the same at every evaluation; default: all).
+        max_test_examples: Score at most this many test examples per task (seeded subset; default: all).
+        every_n_validations: Score at step 0, then at every n-th validation of ``fit`` and at its end
+            (the probe; ``finetune`` scores at step 0 and at the end only).
         finetune_steps: Optimizer steps of each fine-tune.
         finetune_lr: AdamW learning rate of each fine-tune (linear decay, 10% warmup).
         finetune_batch_size: Examples per fine-tuning step.
@@ -77,6 +91,7 @@ class DownstreamEvaluation(L.Callback):
         batch_size: int = 64,
         max_train_examples: int | None = None,
         max_test_examples: int | None = None,
+        every_n_validations: int = 1,
         finetune_steps: int = 200,
         finetune_lr: float = 5e-5,
         finetune_batch_size: int = 16,
@@ -86,6 +101,13 @@ class DownstreamEvaluation(L.Callback):
             raise MLMAdaptError(f"downstream.method={method!r}; use linear_probe or finetune")
         if seeds < 1:
             raise MLMAdaptError(f"downstream.seeds={seeds} must be at least 1")
+        for key, value in (
+            ("every_n_validations", every_n_validations),
+            ("max_train_examples", max_train_examples),
+            ("max_test_examples", max_test_examples),
+        ):
+            if value is not None and value < 1:
+                raise MLMAdaptError(f"downstream.{key}={value} must be at least 1")
         self.tasks = [parse_task(entry, i) for i, entry in enumerate(tasks or [])]
         for i, entry in enumerate(self.tasks):  # missing files fail now, not after the corpus is prepared
             expand_files(entry.train_files, f"downstream.tasks[{i}].train_files")
@@ -100,6 +122,7 @@ class DownstreamEvaluation(L.Callback):
         self.batch_size = batch_size
         self.max_train_examples = max_train_examples
         self.max_test_examples = max_test_examples
+        self.every_n_validations = every_n_validations
         self.finetune_steps = finetune_steps
         self.finetune_lr = finetune_lr
         self.finetune_batch_size = finetune_batch_size
@@ -108,6 +131,9 @@ class DownstreamEvaluation(L.Callback):
         self.results: dict[int, dict[str, float]] = {}  # global step -> logged metrics
         # Steps scored outside a validation pass (step 0 before the baseline validation, a fine-tune's end).
         self.outside_validation: set[int] = set()
+        self.validations = 0  # validations of fit after step 0 (every_n_validations counts these)
+        self.progress = Progress()
+        self.feature_dtype = torch.float32
 
     @property
     @override
@@ -145,6 +171,7 @@ class DownstreamEvaluation(L.Callback):
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._attach(trainer)
         if not self.tasks or self.evaluators:
             return
         if self.cache_dir is None:
@@ -166,6 +193,7 @@ class DownstreamEvaluation(L.Callback):
         start = time.perf_counter()
         metrics: dict[str, float] = {}
         devices = [model.device] if model.device.type == "cuda" else []
+        self.progress.line(f"{self.method} of {'; '.join(e.describe() for e in self.evaluators)}")
         # Evaluation must not change the training run: the probe draws no random numbers, but fine-tunes
         # (dropout, head init) do, so the generator state is restored afterwards.
         with torch.random.fork_rng(devices=devices):
@@ -179,6 +207,8 @@ class DownstreamEvaluation(L.Callback):
                         self.batch_size,
                         self.bootstrap,
                         forward_context,
+                        self.feature_dtype,
+                        self.progress,
                     )
                 else:
                     scores, spread = evaluator.finetune(
@@ -188,6 +218,7 @@ class DownstreamEvaluation(L.Callback):
                         self.finetune_lr,
                         self.finetune_batch_size,
                         forward_context,
+                        self.progress,
                     )
                 for key, value in scores.items():
                     metrics[f"{PREFIX}/{evaluator.name}/{key}"] = value
@@ -209,11 +240,29 @@ class DownstreamEvaluation(L.Callback):
         return self.results[step]
 
     def _due(self, trainer: L.Trainer) -> bool:
-        """Whether this validation's weights get scored: all of them for the probe; for ``finetune``, the
-        unadapted ones (step 0) and the final ones only."""
-        if self.method == "linear_probe" or trainer.global_step == 0 or trainer.state.fn != "fit":
+        """Whether this validation's weights get scored: step 0 and outside ``fit`` always; then every
+        ``every_n_validations``-th validation for the probe; for ``finetune``, the final weights only
+        (``on_train_end`` scores the final weights when their validation was not due)."""
+        if trainer.global_step == 0 or trainer.state.fn != "fit" or trainer.global_step in self.results:
             return True
-        return trainer.fit_loop.done or trainer.should_stop or trainer.global_step in self.results
+        if self.method == "finetune":
+            return trainer.fit_loop.done or trainer.should_stop
+        self.validations += 1
+        return self.validations % self.every_n_validations == 0
+
+    def _attach(self, trainer: L.Trainer) -> None:
+        """Progress as the trainer shows it (bars on rank 0, else one line per phase); features stored in the
+        precision the model runs in."""
+        bar = trainer.progress_bar_callback is not None and trainer.is_global_zero
+        self.progress = Progress(rank_zero_info, bar=bar)
+        precision = str(trainer.precision)
+        self.feature_dtype = (
+            torch.bfloat16
+            if "bf16" in precision
+            else torch.float16
+            if precision.startswith("16")
+            else torch.float32
+        )
 
     @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -248,14 +297,15 @@ class DownstreamEvaluation(L.Callback):
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # The final weights when the last step had no validation (fine-tuning waits for these).
-        if self.method == "finetune":
+        # The final weights when the last step had no scored validation (fine-tuning waits for these).
+        if self.method == "finetune" or self.every_n_validations > 1:
             self._log_outside_validation(trainer, pl_module)
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"results": self.results}
+        return {"results": self.results, "validations": self.validations}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.results = {int(k): dict(v) for k, v in state_dict.get("results", {}).items()}
+        self.validations = int(state_dict.get("validations", 0))

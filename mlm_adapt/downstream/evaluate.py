@@ -10,24 +10,12 @@ from typing import Literal
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from mlm_adapt.downstream.features import (
-    Encoding,
-    Pooling,
-    encode_sequences,
-    encode_words,
-    extract_features,
-)
+from mlm_adapt.downstream.features import Pooling, example_order, extract_features
 from mlm_adapt.downstream.finetune import finetune, predict
-from mlm_adapt.downstream.probe import LinearProbe
-from mlm_adapt.downstream.scores import (
-    Score,
-    bootstrap_std,
-    class_scores,
-    mean_std,
-    scores_from_counts,
-    token_scores,
-)
-from mlm_adapt.downstream.tasks import LoadedTask, TaskSplit
+from mlm_adapt.downstream.progress import SILENT, Progress
+from mlm_adapt.downstream.scores import Score, mean_std
+from mlm_adapt.downstream.spec import TaskSplit
+from mlm_adapt.downstream.tasks import LoadedTask
 
 Method = Literal["linear_probe", "finetune"]
 
@@ -36,19 +24,7 @@ def subsample(split: TaskSplit, limit: int | None, seed: int = 0) -> TaskSplit:
     """At most ``limit`` examples, a seeded random subset in file order (``None``: all)."""
     if limit is None or len(split) <= limit:
         return split
-    keep = sorted(random.Random(seed).sample(range(len(split)), limit))
-    return TaskSplit(
-        texts=[split.texts[i] for i in keep] if split.texts else [],
-        pairs=[split.pairs[i] for i in keep] if split.pairs is not None else None,
-        words=[split.words[i] for i in keep] if split.words else [],
-        labels=[split.labels[i] for i in keep],
-    )
-
-
-def _encode(split: TaskSplit, tokenizer: PreTrainedTokenizerBase, max_length: int) -> Encoding:
-    if split.words:
-        return encode_words(tokenizer, split.words, split.labels, max_length)
-    return encode_sequences(tokenizer, split.texts, split.pairs, split.labels, max_length)
+    return split.subset(sorted(random.Random(seed).sample(range(len(split)), limit)))
 
 
 class TaskEvaluator:
@@ -71,30 +47,19 @@ class TaskEvaluator:
         max_test_examples: int | None = None,
     ):
         self.name = loaded.task.name
+        self.kind = loaded.kind
         self.label_names = loaded.label_names
-        self.token_level = loaded.task.type == "token_classification"
         self.tokenizer = tokenizer
-        self.test_labels = subsample(loaded.test, max_test_examples).labels
-        self.train = _encode(subsample(loaded.train, max_train_examples), tokenizer, max_length)
-        self.test = _encode(subsample(loaded.test, max_test_examples), tokenizer, max_length)
+        train = subsample(loaded.train, max_train_examples)
+        test = subsample(loaded.test, max_test_examples)
+        self.sizes = (len(train), len(test))
+        self.test_targets = test.labels
+        self.train = self.kind.encode(tokenizer, train, max_length)
+        self.test = self.kind.encode(tokenizer, test, max_length)
 
-    def _score(
-        self, preds: torch.Tensor, words: Sequence[tuple[int, int]], bootstrap: int
-    ) -> tuple[Score, Score]:
-        """Scores of predictions (per example, or per placed word) and their bootstrap std."""
-        if not self.token_level:
-            labels = torch.tensor(self.test_labels)
-            n = len(self.label_names)
-            scores = class_scores(preds, labels, n)
-            return scores, bootstrap_std(
-                len(labels), lambda i: class_scores(preds[i], labels[i], n), bootstrap
-            )
-        # Words without a position (they tokenize to nothing) are predicted as the first label, "O" if any.
-        pred = [[0] * len(tags) for tags in self.test_labels]
-        for (example, word), label in zip(words, preds.tolist(), strict=True):
-            pred[example][word] = label
-        scores, counts = token_scores(pred, self.test_labels, self.label_names)
-        return scores, bootstrap_std(len(pred), lambda i: scores_from_counts(counts[i]), bootstrap)
+    def describe(self) -> str:
+        """``name (type): N train / M test examples``."""
+        return f"{self.name} ({self.kind.name}): {self.sizes[0]:,} train / {self.sizes[1]:,} test examples"
 
     def linear_probe(
         self,
@@ -105,13 +70,41 @@ class TaskEvaluator:
         batch_size: int = 64,
         bootstrap: int = 200,
         forward_context: Callable[[], AbstractContextManager] | None = None,
+        dtype: torch.dtype = torch.float32,
+        progress: Progress = SILENT,
     ) -> tuple[Score, Score]:
-        """Scores of a logistic-regression probe on frozen features, and their bootstrap std."""
-        args = dict(layers=layers, pooling=pooling, batch_size=batch_size, forward_context=forward_context)
-        x_train, y_train, _ = extract_features(model, self.tokenizer, self.train, **args)
-        x_test, _, words = extract_features(model, self.tokenizer, self.test, **args)
-        probe = LinearProbe(l2=l2).fit(x_train, y_train, len(self.label_names))
-        return self._score(probe.predict(x_test), words, bootstrap)
+        """Scores of the type's probe on frozen features, and their bootstrap std.
+
+        Args:
+            model: The masked LM to score (unchanged).
+            layers: Hidden states to concatenate (-1: the encoder's output).
+            pooling: How a text's token states become one vector (text tasks).
+            l2: The probe's L2 weight.
+            batch_size: Rows per forward pass.
+            bootstrap: Test resamples for the spread.
+            forward_context: Context of each forward pass (e.g. autocast).
+            dtype: Storage type of the features (the model's precision).
+            progress: Where the phases are reported.
+        """
+        args = dict(
+            select=self.kind.select,
+            layers=layers,
+            pooling=pooling,
+            batch_size=batch_size,
+            forward_context=forward_context,
+            dtype=dtype,
+        )
+        features = {}
+        for split, encoding in (("train", self.train), ("test", self.test)):
+            with progress.phase(
+                f"{self.name} linear_probe {split} features", len(encoding), "rows"
+            ) as advance:
+                features[split] = extract_features(model, self.tokenizer, encoding, advance=advance, **args)
+        (x_train, y_train, _), (x_test, _, placed) = features["train"], features["test"]
+        with progress.phase(f"{self.name} linear_probe fit", len(x_train), "vectors"):
+            probe = self.kind.probe(l2).fit(x_train, y_train, len(self.label_names))
+            preds = probe.predict(x_test)
+        return self.kind.score(preds, placed, self.test_targets, self.label_names, bootstrap)
 
     def finetune(
         self,
@@ -121,23 +114,43 @@ class TaskEvaluator:
         lr: float = 5e-5,
         batch_size: int = 16,
         forward_context: Callable[[], AbstractContextManager] | None = None,
+        progress: Progress = SILENT,
     ) -> tuple[Score, Score]:
-        """Mean and std over ``seeds`` short fine-tunes of copies of ``model``."""
+        """Mean and std over ``seeds`` short fine-tunes of copies of ``model``.
+
+        Args:
+            model: The masked LM whose weights are copied (unchanged).
+            seeds: Fine-tunes, each with its own head init, dropout and batch order.
+            steps: Optimizer steps of each.
+            lr: AdamW learning rate (linear decay, 10% warmup).
+            batch_size: Examples per step.
+            forward_context: Context of each forward pass (e.g. autocast).
+            progress: Where the phases are reported.
+        """
         runs = []
         for seed in range(seeds):
-            classifier = finetune(
-                model,
-                self.tokenizer,
-                self.train,
-                self.label_names,
-                self.token_level,
-                steps,
-                lr,
-                batch_size,
-                seed,
-                forward_context,
-            )
-            preds, words = predict(classifier, self.tokenizer, self.test, 64, forward_context)
-            runs.append(self._score(preds, words, bootstrap=0)[0])
+            with progress.phase(f"{self.name} finetune seed {seed}", steps, "steps") as advance:
+                classifier = finetune(
+                    model,
+                    self.tokenizer,
+                    self.train,
+                    self.kind,
+                    self.label_names,
+                    steps,
+                    lr,
+                    batch_size,
+                    seed,
+                    forward_context,
+                    advance,
+                )
+            what = f"{self.name} finetune seed {seed} test"
+            with progress.phase(what, len(self.test), "rows") as advance:
+                preds, placed = predict(
+                    classifier, self.tokenizer, self.test, self.kind, 64, forward_context, advance
+                )
+            order = example_order(placed)
+            sorted_placed = [placed[i] for i in order]
+            score, _ = self.kind.score(preds[order], sorted_placed, self.test_targets, self.label_names, 0)
+            runs.append(score)
             del classifier
         return mean_std(runs)

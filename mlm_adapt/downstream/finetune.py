@@ -1,8 +1,9 @@
 """The ``finetune`` method: a short full fine-tune of a COPY of the current weights, per seed.
 
-The masked LM's encoder weights are copied into a fresh ``AutoModelFor{Sequence,Token}Classification``
-built from the same config (the classification head, and BERT's pooler that a masked LM lacks, start from
-a seeded random init). The model being adapted is never touched.
+The masked LM's encoder weights are copied into a fresh model of the task type's ``auto_model`` class
+(``AutoModelFor{Sequence,Token}Classification``) built from the same config (the classification head,
+and BERT's pooler that a masked LM lacks, start from a seeded random init).
+The model being adapted is never touched.
 """
 
 from __future__ import annotations
@@ -12,25 +13,18 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
-from transformers import (
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    get_linear_schedule_with_warmup,
-)
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_linear_schedule_with_warmup
 
-from mlm_adapt.downstream.features import IGNORE, Encoding, batches, encoder_of
+from mlm_adapt.downstream.features import Encoding, Place, batches, encoder_of
+from mlm_adapt.downstream.types import TaskType
 from mlm_adapt.errors import MLMAdaptError
 
 
-def classifier_copy(model: PreTrainedModel, label_names: list[str], token_level: bool) -> PreTrainedModel:
-    """A classification model with ``model``'s encoder weights (copied) and a new head."""
+def classifier_copy(model: PreTrainedModel, kind: TaskType, label_names: list[str]) -> PreTrainedModel:
+    """A model of the task type's head class with ``model``'s encoder weights (copied) and a new head."""
     config = copy.deepcopy(model.config)
-    config.num_labels = len(label_names)
-    config.id2label = dict(enumerate(label_names))
-    config.label2id = {name: i for i, name in enumerate(label_names)}
-    auto = AutoModelForTokenClassification if token_level else AutoModelForSequenceClassification
+    kind.configure(config, label_names)
+    auto = kind.auto_model
     try:
         classifier = auto.from_config(config)
     except ValueError as exc:
@@ -51,18 +45,15 @@ def classifier_copy(model: PreTrainedModel, label_names: list[str], token_level:
 
 
 def _collate(
-    encoding: Encoding, index: list[int], tokenizer: PreTrainedTokenizerBase, device: torch.device
+    encoding: Encoding,
+    index: list[int],
+    tokenizer: PreTrainedTokenizerBase,
+    kind: TaskType,
+    device: torch.device,
 ) -> dict[str, torch.Tensor]:
     batch = tokenizer.pad([encoding.rows[i] for i in index], return_tensors="pt")
     batch = {k: v for k, v in batch.items() if k != "special_tokens_mask"}
-    if encoding.token_level:  # pad the per-token labels
-        width = batch["input_ids"].shape[1]
-        labels = torch.full((len(index), width), IGNORE)
-        for row, i in enumerate(index):
-            labels[row, : len(encoding.targets[i])] = torch.tensor(encoding.targets[i])
-    else:
-        labels = torch.tensor([encoding.targets[i] for i in index])
-    batch["labels"] = labels
+    batch["labels"] = kind.batch_labels(encoding, index, batch["input_ids"].shape[1])
     return {k: v.to(device) for k, v in batch.items()}
 
 
@@ -70,21 +61,22 @@ def finetune(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     train: Encoding,
+    kind: TaskType,
     label_names: list[str],
-    token_level: bool,
     steps: int,
     lr: float,
     batch_size: int,
     seed: int,
     forward_context: Callable[[], AbstractContextManager] | None = None,
+    advance: Callable[[int], None] | None = None,
 ) -> PreTrainedModel:
     """Fine-tunes a copy of ``model`` for ``steps`` AdamW steps (linear decay, 10% warmup) and returns it.
 
     The copy's head init, dropout and batch order all follow ``seed`` (batches are drawn from a seeded
-    permutation of the training rows, reshuffled at each pass).
+    permutation of the training rows, reshuffled at each pass). ``advance(1)`` follows each step.
     """
     torch.manual_seed(seed)
-    classifier = classifier_copy(model, label_names, token_level).train()
+    classifier = classifier_copy(model, kind, label_names).train()
     device = next(classifier.parameters()).device
     optimizer = torch.optim.AdamW(classifier.parameters(), lr=lr, weight_decay=0.01)
     schedule = get_linear_schedule_with_warmup(optimizer, max(steps // 10, 1), steps)
@@ -96,11 +88,13 @@ def finetune(
                 order += torch.randperm(len(train), generator=generator).tolist()
             index, order = order[:batch_size], order[batch_size:]
             with forward_context() if forward_context else nullcontext():
-                loss = classifier(**_collate(train, index, tokenizer, device)).loss
+                loss = classifier(**_collate(train, index, tokenizer, kind, device)).loss
             loss.backward()
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
+            if advance is not None:
+                advance(1)
     return classifier.eval()
 
 
@@ -109,23 +103,20 @@ def predict(
     classifier: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     test: Encoding,
+    kind: TaskType,
     batch_size: int,
     forward_context: Callable[[], AbstractContextManager] | None = None,
-) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-    """Predicted class per example (sequence tasks, in example order) or per labelled token, with the
-    ``(example, word)`` of each (token tasks)."""
+    advance: Callable[[int], None] | None = None,
+) -> tuple[torch.Tensor, list[Place]]:
+    """The type's prediction for every unit the rows place (in batch order), with its ``(example, unit)``."""
     device = next(classifier.parameters()).device
-    preds: dict[int, torch.Tensor] = {}
+    preds, placed = [], []
     for index, batch in batches(test, tokenizer, batch_size, device):
         inputs = {k: v for k, v in batch.items() if k != "special_tokens_mask"}
         with forward_context() if forward_context else nullcontext():
             logits = classifier(**inputs).logits
-        for row, i in enumerate(index):
-            if test.token_level:
-                keep = torch.tensor(test.targets[i], device=device) != IGNORE
-                preds[i] = logits[row, : len(test.targets[i])][keep].argmax(-1).cpu()
-            else:
-                preds[i] = logits[row].argmax(-1).cpu().reshape(1)
-    rows = range(len(test))
-    words = [w for i in rows for w in test.words[i]] if test.token_level else []
-    return torch.cat([preds[i] for i in rows]), words
+        preds.append(kind.predictions(logits, test, index).cpu())
+        placed.extend(p for i in index for p in test.placed[i])
+        if advance is not None:
+            advance(len(index))
+    return torch.cat(preds), placed

@@ -67,3 +67,56 @@ def ner_files(tmp_path: Path) -> tuple[Path, Path]:
 def task(name: str, files: tuple[Path, Path], **extra) -> dict:
     """A ``downstream.tasks`` entry."""
     return {"name": name, "train_files": [str(files[0])], "test_files": [str(files[1])], **extra}
+
+
+def pair_rows(n: int, seed: int) -> list[dict]:
+    """CLUE-style pairs (``sentence1``, ``sentence2``, ``label`` "0"/"1"): the second sentence's characters
+    decide the label; the first is shared filler."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        chars = POSITIVE if i % 2 else NEGATIVE
+        first = "".join(rng.choice(FILLER) for _ in range(rng.randint(4, 10)))
+        second = "".join(
+            rng.choice(chars if rng.random() < 0.6 else FILLER) for _ in range(rng.randint(4, 10))
+        )
+        rows.append({"sentence1": first, "sentence2": second, "label": str(i % 2)})
+    return rows
+
+
+def pair_files(tmp_path: Path, n: int = 120) -> tuple[Path, Path]:
+    """CLUE-format train/test jsonl pair files in ``tmp_path``."""
+    return (
+        write_jsonl(tmp_path / "pair_train.jsonl", pair_rows(n, 0)),
+        write_jsonl(tmp_path / "pair_test.jsonl", pair_rows(n // 2, 1)),
+    )
+
+
+def score_rows(n: int, seed: int) -> list[dict]:
+    """Texts scored 0-5 by the share of 'positive' characters among filler (``text``, ``score``)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        length, share = rng.randint(8, 16), rng.random()
+        text = "".join(rng.choice(POSITIVE if rng.random() < share else FILLER) for _ in range(length))
+        positive = sum(ch in POSITIVE for ch in text)
+        rows.append({"text": text, "score": round(5 * positive / length, 3)})
+    return rows
+
+
+def score_files(tmp_path: Path, n: int = 160) -> tuple[Path, Path]:
+    """Regression train/test jsonl files (``text``, ``score``) in ``tmp_path``."""
+    return (
+        write_jsonl(tmp_path / "score_train.jsonl", score_rows(n, 0)),
+        write_jsonl(tmp_path / "score_test.jsonl", score_rows(n // 2, 1)),
+    )
+
+
+def all_type_tasks(tmp_path: Path, n: int = 120) -> list[dict]:
+    """One task of every built-in type (sequence, pair, token, regression), small."""
+    return [
+        task("sentiment", sentiment_files(tmp_path)),
+        task("pairs", pair_files(tmp_path, n), type="pair_classification"),
+        task("ner", ner_files(tmp_path), type="token_classification"),
+        task("scores", score_files(tmp_path, n), type="regression", label_column="score"),
+    ]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from conftest import run_cli, tiny_fit_args
-from task_files import ner_files, sentiment_files, task
+from task_files import all_type_tasks
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 from mlm_adapt.downstream import DownstreamEvaluation
@@ -19,10 +19,7 @@ def _read(path):
 
 @pytest.mark.slow
 def test_ddp_ranks_log_the_single_device_scores(tiny_model_dir, corpus_file, tmp_path):
-    tasks = [
-        task("sentiment", sentiment_files(tmp_path)),
-        task("ner", ner_files(tmp_path), type="token_classification"),
-    ]
+    tasks = all_type_tasks(tmp_path, n=60)  # sequence, pair, token and regression
     options = {"tasks": tasks, "bootstrap": 20}
     out = tmp_path / "ranks"
     result = run_cli(
@@ -47,6 +44,7 @@ def test_ddp_ranks_log_the_single_device_scores(tiny_model_dir, corpus_file, tmp
     assert ranks[0] == ranks[1]  # same steps, bit-identical values
     final = ranks[0][-1]
     assert final["step"] == 4 and "downstream/ner/f1" in final["metrics"]
+    assert "downstream/pairs/accuracy" in final["metrics"] and "downstream/scores/pearson" in final["metrics"]
     # The exported final weights, scored in this process on one device, give the logged numbers.
     single = DownstreamEvaluation(**options)
     single.prepare(AutoTokenizer.from_pretrained(tmp_path / "export"), max_length=64)

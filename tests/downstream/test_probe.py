@@ -6,10 +6,11 @@ import torch
 from task_files import ner_files, sentiment_files, task, write_jsonl
 from transformers import AutoModelForMaskedLM
 
-from mlm_adapt.downstream import TaskEvaluator, load_task
-from mlm_adapt.downstream.features import IGNORE, encode_sequences, encode_words
+from mlm_adapt.downstream import TASK_TYPES, TaskEvaluator, load_task
+from mlm_adapt.downstream.features import IGNORE
 from mlm_adapt.downstream.probe import LinearProbe
 from mlm_adapt.downstream.scores import entity_spans
+from mlm_adapt.downstream.types.token import encode_words
 
 
 def test_probe_reaches_high_accuracy_on_a_separable_task_through_a_saved_model(
@@ -46,11 +47,11 @@ def test_word_labels_sit_on_the_first_sub_token_and_long_examples_overflow(token
     assert tokens[:4] == ["[CLS]", "北", "京", "是"]
     assert enc.targets[0][:5] == [IGNORE, 1, IGNORE, 0, 1]
     assert enc.targets[0][-1] == IGNORE  # [SEP]
-    assert enc.words == [[(0, 0), (0, 1), (0, 2), (0, 3), (0, 4)]]
+    assert enc.placed == [[(0, 0), (0, 1), (0, 2), (0, 3), (0, 4)]]
     # 8 tokens + 2 specials do not fit in 6: the example continues in further rows, each word placed once.
     long = encode_words(tokenizer, words, labels, max_length=6)
     assert len(long) >= 2
-    placed = [w for row_words in long.words for w in row_words]
+    placed = [w for row_words in long.placed for w in row_words]
     assert sorted(placed) == [(0, i) for i in range(5)]
     assert all(len(r["input_ids"]) <= 6 for r in long.rows)
 
@@ -63,7 +64,7 @@ def test_pair_task_encodes_both_texts_with_segments_and_scores(tiny_model_dir, t
     spec = task("nli", files, text_column="premise", text_pair_column="hypothesis", label_column="y")
     loaded = load_task(spec, 0)
     assert loaded.train.pairs[:2] == ["我讨厌", "我喜欢"] and loaded.label_names == ["0", "1"]
-    enc = encode_sequences(tokenizer, loaded.train.texts, loaded.train.pairs, loaded.train.labels, 64)
+    enc = TASK_TYPES["sequence_classification"].encode(tokenizer, loaded.train, 64)
     row = enc.rows[0]
     assert tokenizer.decode(row["input_ids"]).replace(" ", "") == "[CLS]我很喜欢[SEP]我讨厌[SEP]"
     assert row["token_type_ids"] == [0] * 6 + [1] * 4

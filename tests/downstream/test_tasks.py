@@ -82,5 +82,6 @@ def test_tokens_not_a_list(tmp_path):
 def test_bad_task_entries(tmp_path):
     assert _bad({"name": "s", "train_files": ["x"]}).startswith("downstream.tasks[1].test_files is required")
     assert "unknown key" in _bad({**task("s", sentiment_files(tmp_path)), "labels": "y"})
-    assert "type: 'regression'" in _bad(task("s", sentiment_files(tmp_path), type="regression"))
+    message = _bad(task("s", sentiment_files(tmp_path), type="ranking"))
+    assert message.startswith("downstream.tasks[1].type: 'ranking'; use sequence_classification, ")
     assert "may not contain '/'" in _bad(task("a/b", sentiment_files(tmp_path)))

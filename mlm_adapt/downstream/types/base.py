@@ -1,0 +1,155 @@
+"""The interface every downstream task type implements (one module per type, registered in ``__init__``).
+
+A type decides, for its kind of labels, everything the two methods need:
+
+- ``name``, ``columns`` (config key → column with the type's defaults), ``check`` (config errors)
+- ``read``: examples and raw labels of a loaded table, ``targets``: label names and training targets
+- ``encode``: tokenized rows of a split, and which ``(example, unit)`` each row scores
+- ``select``: the probe's feature vectors and targets in a batch of hidden states
+- ``probe``: the model fitted on frozen features (``fit(x, y, num_labels)``, ``predict(x)``)
+- ``auto_model`` and ``configure``: the ``AutoModelFor…`` class and config of a fine-tune
+- ``batch_labels`` and ``predictions``: labels of a fine-tuning batch, predictions from its logits
+- ``score``: metrics of predictions and their bootstrap spread over test examples
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Protocol
+
+import datasets
+import torch
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+from mlm_adapt.downstream.features import Encoding, Place, Pooling
+from mlm_adapt.downstream.scores import Score
+from mlm_adapt.downstream.spec import DownstreamTask, TaskSplit, task_key
+from mlm_adapt.errors import MLMAdaptError
+
+
+class Probe(Protocol):
+    """A model fitted on frozen features."""
+
+    def fit(self, x: torch.Tensor, y: torch.Tensor, num_labels: int) -> Probe: ...
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class TaskType(ABC):
+    """One kind of labelled task; stateless, so one instance serves every task of the type.
+
+    Attributes:
+        name: The ``type:`` value of a task entry.
+        default_columns: Config key → column name used when the entry leaves the key unset (``None``:
+            no such column unless set).
+        required: Config keys that must name a column.
+        label_key: The config key of the labels (named by label errors).
+        auto_model: The ``AutoModelFor…`` class a fine-tune builds.
+    """
+
+    name: ClassVar[str]
+    default_columns: ClassVar[dict[str, str | None]]
+    required: ClassVar[tuple[str, ...]] = ()
+    label_key: ClassVar[str] = "label_column"
+    auto_model: ClassVar[Any]
+
+    def columns(self, task: DownstreamTask) -> dict[str, str]:
+        """Config key → column to load, for the keys this type reads that name a column."""
+        chosen = {key: getattr(task, key) or default for key, default in self.default_columns.items()}
+        return {key: column for key, column in chosen.items() if column}
+
+    def check(self, task: DownstreamTask, index: int) -> None:
+        """Raises a one-line error for a config entry this type cannot use."""
+        columns = self.columns(task)
+        for key in self.required:
+            if key not in columns:
+                raise MLMAdaptError(
+                    f"{task_key(index, key)} is required for type {self.name}; name the column that holds it"
+                )
+
+    @abstractmethod
+    def read(
+        self, table: datasets.Dataset, task: DownstreamTask, index: int, files: str
+    ) -> tuple[TaskSplit, list]:
+        """The examples of a loaded table (columns as :meth:`columns`) and their raw labels, checked.
+
+        Args:
+            table: The split's rows.
+            task: Its entry.
+            index: Its position in ``downstream.tasks`` (for error messages).
+            files: The split's files, comma-separated (for error messages).
+        """
+
+    @abstractmethod
+    def targets(
+        self, train: list, test: list, index: int, task: DownstreamTask
+    ) -> tuple[list[str], list, list]:
+        """Label names (empty for numeric targets) and the targets of both splits."""
+
+    @abstractmethod
+    def encode(self, tokenizer: PreTrainedTokenizerBase, split: TaskSplit, max_length: int) -> Encoding:
+        """Tokenized rows of ``split``, at most ``max_length`` tokens each."""
+
+    @abstractmethod
+    def select(
+        self,
+        states: torch.Tensor,
+        batch: dict[str, torch.Tensor],
+        rows: list[int],
+        encoding: Encoding,
+        pooling: Pooling,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features ``[k, dim]`` and targets ``[k]`` of the units placed in ``rows`` (in row order)."""
+
+    @abstractmethod
+    def probe(self, l2: float) -> Probe:
+        """A fresh probe with L2 weight ``l2``."""
+
+    @abstractmethod
+    def configure(self, config: PretrainedConfig, label_names: list[str]) -> None:
+        """Sets the fine-tuning head's size (``num_labels``, ``problem_type``…) on ``config``."""
+
+    @abstractmethod
+    def batch_labels(self, encoding: Encoding, rows: list[int], width: int) -> torch.Tensor:
+        """Labels of a fine-tuning batch of ``rows`` padded to ``width`` tokens."""
+
+    @abstractmethod
+    def predictions(self, logits: torch.Tensor, encoding: Encoding, rows: list[int]) -> torch.Tensor:
+        """Predictions of the units placed in ``rows`` (in row order) from a fine-tune's logits."""
+
+    @abstractmethod
+    def score(
+        self, preds: torch.Tensor, placed: list[Place], gold: list, label_names: list[str], bootstrap: int
+    ) -> tuple[Score, Score]:
+        """Metrics of ``preds`` (sorted by ``placed``) against the test targets ``gold``, and their bootstrap
+        standard error over test examples (``bootstrap`` resamples; none below 2)."""
+
+
+def class_label(value: Any, key: str, files: str) -> str:
+    """A class name from a label cell (strings and numbers; ``1`` and ``"1"`` are the same class)."""
+    if value is None or isinstance(value, (list, dict)):
+        raise MLMAdaptError(f"{key}: label {value!r} in {files} is not a class name or number")
+    return str(value)
+
+
+def class_names(
+    train: list[str], test: list[str], key: str, files: str, first: str | None = None
+) -> list[str]:
+    """Sorted class names of the training labels (``first`` leads when present), checked against the test
+    labels: at least two classes, and no test class the training files lack."""
+    names = sorted(set(train))
+    if len(names) < 2:
+        raise MLMAdaptError(
+            f"{key}: the training files {files} have one label only ({names[0]!r}); "
+            "a task needs at least two classes"
+        )
+    unseen = sorted(set(test) - set(names))
+    if unseen:
+        raise MLMAdaptError(
+            f"{key}: test label {unseen[0]!r} never occurs in the training files; "
+            "add training examples for it or drop it from the test files"
+        )
+    if first in names:
+        names.remove(first)
+        names.insert(0, first)
+    return names

@@ -1,0 +1,140 @@
+"""``token_classification``: one BIO tag per word (NER, chunking), scored by entity-level F1.
+
+Words are tokenized as pre-split words; examples longer than ``max_length`` tokens continue in further rows
+(``return_overflowing_tokens``), so every word is scored, not only the first ``max_length``. A word's label
+sits on its FIRST sub-token (the usual alignment for BERT taggers); the other sub-tokens, special tokens and
+padding get ``-100`` and are neither trained on nor scored. Entity F1 is exact span and type,
+micro-averaged over entities (conlleval/seqeval); word ``accuracy`` is logged too.
+"""
+
+from __future__ import annotations
+
+import datasets
+import torch
+from transformers import AutoModelForTokenClassification, PretrainedConfig, PreTrainedTokenizerBase
+
+from mlm_adapt.downstream.features import IGNORE, Encoding, Place, Pooling
+from mlm_adapt.downstream.probe import LinearProbe
+from mlm_adapt.downstream.scores import Score, bootstrap_std, scores_from_counts, token_scores
+from mlm_adapt.downstream.spec import DownstreamTask, TaskSplit, task_key
+from mlm_adapt.downstream.types.base import Probe, TaskType, class_label, class_names
+from mlm_adapt.errors import MLMAdaptError
+
+
+def encode_words(
+    tokenizer: PreTrainedTokenizerBase, words: list[list[str]], labels: list[list[int]], max_length: int
+) -> Encoding:
+    """Rows of pre-split words with each word's label on its first sub-token (long examples overflow into
+    more rows). Words that tokenize to nothing (e.g. a space) get no row position."""
+    out = tokenizer(
+        [list(w) for w in words],
+        is_split_into_words=True,
+        truncation=True,
+        max_length=max_length,
+        return_overflowing_tokens=True,
+        return_special_tokens_mask=True,
+    )
+    mapping = out["overflow_to_sample_mapping"]
+    keys = [k for k in out if k != "overflow_to_sample_mapping"]
+    encoding = Encoding(rows=[])
+    seen: set[Place] = set()
+    for row, example in enumerate(mapping):
+        targets, placed = [], []
+        for word in out.word_ids(row):
+            if word is None or (example, word) in seen:
+                targets.append(IGNORE)
+                continue
+            seen.add((example, word))
+            targets.append(labels[example][word])
+            placed.append((example, word))
+        encoding.rows.append({k: out[k][row] for k in keys})
+        encoding.targets.append(targets)
+        encoding.placed.append(placed)
+    return encoding
+
+
+class TokenClassification(TaskType):
+    """One tag per word."""
+
+    name = "token_classification"
+    default_columns = {"tokens_column": "tokens", "tags_column": "tags"}
+    label_key = "tags_column"
+    auto_model = AutoModelForTokenClassification
+
+    def read(
+        self, table: datasets.Dataset, task: DownstreamTask, index: int, files: str
+    ) -> tuple[TaskSplit, list]:
+        columns = self.columns(task)
+        tokens, tags = columns["tokens_column"], columns["tags_column"]
+        split, raw = TaskSplit(), []
+        for row, (words, labels) in enumerate(zip(table[tokens], table[tags], strict=True)):
+            if not isinstance(words, list) or not isinstance(labels, list):
+                raise MLMAdaptError(
+                    f"{task_key(index, 'tokens_column')}: example {row} of {files}: "
+                    f"{tokens!r} and {tags!r} must be lists (one tag per word)"
+                )
+            if len(words) != len(labels):
+                raise MLMAdaptError(
+                    f"{task_key(index, 'tags_column')}: example {row} of {files} has {len(words)} "
+                    f"{tokens} but {len(labels)} {tags}; give one tag per word"
+                )
+            split.words.append([str(w) for w in words])
+            raw.append([class_label(t, task_key(index, "tags_column"), files) for t in labels])
+        return split, raw
+
+    def targets(
+        self, train: list, test: list, index: int, task: DownstreamTask
+    ) -> tuple[list[str], list, list]:
+        flat_train = [t for tags in train for t in tags]
+        flat_test = [t for tags in test for t in tags]
+        # The "outside" tag first: index 0 is what words without a row position are predicted as.
+        key, files = task_key(index, self.label_key), ", ".join(task.train_files)
+        names = class_names(flat_train, flat_test, key, files, first="O")
+        index_of = {n: i for i, n in enumerate(names)}
+        return names, *([[index_of[t] for t in tags] for tags in raw] for raw in (train, test))
+
+    def encode(self, tokenizer: PreTrainedTokenizerBase, split: TaskSplit, max_length: int) -> Encoding:
+        return encode_words(tokenizer, split.words, split.labels, max_length)
+
+    def _labelled(self, encoding: Encoding, rows: list[int], width: int) -> torch.Tensor:
+        labels = torch.full((len(rows), width), IGNORE)
+        for row, i in enumerate(rows):
+            labels[row, : len(encoding.targets[i])] = torch.tensor(encoding.targets[i])
+        return labels
+
+    def select(
+        self,
+        states: torch.Tensor,
+        batch: dict[str, torch.Tensor],
+        rows: list[int],
+        encoding: Encoding,
+        pooling: Pooling,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        labels = self._labelled(encoding, rows, states.shape[1])
+        keep = (labels != IGNORE).to(states.device)
+        return states[keep], labels[keep.cpu()]
+
+    def probe(self, l2: float) -> Probe:
+        return LinearProbe(l2=l2)
+
+    def configure(self, config: PretrainedConfig, label_names: list[str]) -> None:
+        config.num_labels = len(label_names)
+        config.id2label = dict(enumerate(label_names))
+        config.label2id = {name: i for i, name in enumerate(label_names)}
+
+    def batch_labels(self, encoding: Encoding, rows: list[int], width: int) -> torch.Tensor:
+        return self._labelled(encoding, rows, width)
+
+    def predictions(self, logits: torch.Tensor, encoding: Encoding, rows: list[int]) -> torch.Tensor:
+        keep = self._labelled(encoding, rows, logits.shape[1]) != IGNORE
+        return logits[keep.to(logits.device)].argmax(-1)
+
+    def score(
+        self, preds: torch.Tensor, placed: list[Place], gold: list, label_names: list[str], bootstrap: int
+    ) -> tuple[Score, Score]:
+        # Words without a position (they tokenize to nothing) are predicted as the first label, "O" if any.
+        pred = [[0] * len(tags) for tags in gold]
+        for (example, word), label in zip(placed, preds.tolist(), strict=True):
+            pred[example][word] = label
+        scores, counts = token_scores(pred, gold, label_names)
+        return scores, bootstrap_std(len(pred), lambda i: scores_from_counts(counts[i]), bootstrap)
