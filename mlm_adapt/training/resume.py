@@ -29,6 +29,7 @@ from typing_extensions import override
 from mlm_adapt.data.fingerprint import corpus_fingerprint
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.safe_load import load_weights_only
+from mlm_adapt.training.continue_logs import drop_rows_after
 from mlm_adapt.training.resume_lookup import CORPUS_KEY, conflict_message, resume_conflicts
 
 # The temp files of AtomicCheckpointIO (and of its mkstemp-based predecessor): ".<name>.ckpt.<token>.tmp".
@@ -148,6 +149,12 @@ class ExactResume(L.Callback):
     keeps a fingerprint of the training corpus in checkpoints: resuming on a different corpus (the data
     loader position would point into other data) is refused with one line.
 
+    The CLI announces a resume with :meth:`expect_resume`: the corpus is then compared in ``setup``, right
+    after the data is set up and before any other callback writes (the CLI runs this callback's ``setup``
+    first), and only an accepted resume drops the CSV log rows past the checkpoint. Without the
+    announcement (a plain ``trainer.fit(ckpt_path=...)``) the comparison happens when the checkpoint is
+    restored.
+
     Args:
         seed: Base seed; default: the ``seed_everything`` value (``PL_GLOBAL_SEED``), else 0.
         atomic_checkpoints: Install :class:`AtomicCheckpointIO`.
@@ -157,6 +164,23 @@ class ExactResume(L.Callback):
         self.seed = seed
         self.atomic_checkpoints = atomic_checkpoints
         self.corpus_fingerprint: str | None = None
+        self._resume: tuple[dict[str, Any], int, str] | None = None
+
+    def expect_resume(self, saved_state: dict[str, Any], log_step: int, checkpoint: str) -> None:
+        """Announces the checkpoint of the coming ``fit``.
+
+        Args:
+            saved_state: This callback's state in the checkpoint (its corpus fingerprint).
+            log_step: The last logger step the checkpoint covers (CSV rows after it are dropped).
+            checkpoint: The checkpoint's path, for the refusal.
+        """
+        self._resume = (dict(saved_state), log_step, checkpoint)
+
+    def _check_corpus(self, saved_state: dict[str, Any], checkpoint: str) -> None:
+        current = {"corpus": {CORPUS_KEY: self.corpus_fingerprint}}
+        conflicts = resume_conflicts({"corpus": saved_state}, current)
+        if conflicts:
+            raise MLMAdaptError(conflict_message(checkpoint, conflicts))
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -167,6 +191,10 @@ class ExactResume(L.Callback):
         datamodule = getattr(trainer, "datamodule", None)
         if stage == "fit" and datamodule is not None:  # set up before the callbacks: its data is ready
             self.corpus_fingerprint = corpus_fingerprint(datamodule)
+        if stage == "fit" and self._resume is not None:
+            saved_state, log_step, checkpoint = self._resume
+            self._check_corpus(saved_state, checkpoint)
+            drop_rows_after(trainer.loggers, log_step)  # the resume is accepted: nothing was written before
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -175,10 +203,7 @@ class ExactResume(L.Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Called when fit restores a checkpoint, after setup: the current corpus is known.
-        saved = {"corpus": state_dict}
-        conflicts = resume_conflicts(saved, {"corpus": {CORPUS_KEY: self.corpus_fingerprint}})
-        if conflicts:
-            raise MLMAdaptError(conflict_message("the checkpoint", conflicts))
+        self._check_corpus(state_dict, "the checkpoint")
 
     @override
     def on_train_batch_start(
