@@ -118,7 +118,9 @@ class MLMAdaptCLI(LightningCLI):
         if exact is not None:
             # Lightning logs the rows of optimizer step k at logger step k - 1.
             log_step = int(saved.get("global_step", 0)) - 1
-            exact.expect_resume(callback_state(saved, "ExactResume"), log_step, str(self.config.fit.ckpt_path))
+            exact.expect_resume(
+                callback_state(saved, "ExactResume"), log_step, str(self.config.fit.ckpt_path)
+            )
 
     def before_validate(self) -> None:
         """Refuses a checkpoint of another model or vocabulary (one line, not a state-dict traceback)."""

@@ -12,10 +12,10 @@ import pyarrow.compute as pc
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
-from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
+from mlm_adapt.data.loader_state import WorkerCountFreeLoader
 from mlm_adapt.data.preprocess import is_non_empty, mix_documents, to_blocks
 from mlm_adapt.data.samplers import KeyedDataset, train_sampler
 from mlm_adapt.data.streaming import StreamingCorpus, load_hub_stream, load_stream
@@ -341,7 +341,8 @@ class MLMDataModule(L.LightningDataModule):
         workers = self.hparams.num_workers
         # The train loader is stateful: Lightning stores its state_dict in checkpoints, so a resumed fit
         # continues mid-epoch at the next unseen batch instead of replaying or skipping the epoch's start.
-        loader_class = StatefulDataLoader if stateful else DataLoader
+        # Its state loads under another data.num_workers too (the workers hold no position).
+        loader_class = WorkerCountFreeLoader if stateful else DataLoader
         return loader_class(
             dataset,
             batch_size=batch_size,

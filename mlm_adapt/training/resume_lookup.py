@@ -246,7 +246,9 @@ def resolve_resume(config: Any, follow_version: bool = True) -> None:
         if found is None:
             where = [str(r / "*" / CHECKPOINTS_SUBDIR) for r in roots] + [str(d) for d in fixed]
             if not follow_version:  # validate/test have nothing to evaluate
-                raise MLMAdaptError(f"ckpt_path last: no last.ckpt in {', '.join(where)}; give the .ckpt path")
+                raise MLMAdaptError(
+                    f"ckpt_path last: no last.ckpt in {', '.join(where)}; give the .ckpt path"
+                )
             rank_zero_info(f"mlm_adapt: ckpt_path last: no last.ckpt in {', '.join(where)}; new run")
             config.ckpt_path = None
             return
