@@ -58,6 +58,7 @@ def encode_sequences(
         truncation=True,
         max_length=max_length,
         return_special_tokens_mask=True,
+        split_special_tokens=True,  # text is text, as in training (mlm_adapt.text.alignment)
     )
     rows = [{k: out[k][i] for k in out} for i in range(len(texts))]
     return Encoding(rows=rows, targets=list(labels))
@@ -78,6 +79,7 @@ def encode_words(
         max_length=max_length,
         return_overflowing_tokens=True,
         return_special_tokens_mask=True,
+        split_special_tokens=True,
     )
     mapping = out["overflow_to_sample_mapping"]
     keys = [k for k in out if k != "overflow_to_sample_mapping"]
