@@ -6,6 +6,7 @@ and the config key ``downstream.tasks[i].<key>``); the labels are checked before
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -13,9 +14,13 @@ from typing import Any, Literal
 import datasets
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.corpus import BUILDERS, encoding_error, expand_files
+from mlm_adapt.text.corpus import BUILDERS, empty_file_error, encoding_error, expand_files
 
 TaskType = Literal["sequence_classification", "token_classification"]
+# Task names become metric names (downstream/<name>/f1), log lines and model-card table cells.
+TASK_NAME = re.compile(r"[\w.\-]{1,64}")
+# Tags entity-level F1 understands (BIO/IOB2): anything else would score 0 without a word.
+BIO_TAG = re.compile(r"O|[BI]-.+")
 
 
 @dataclass
@@ -92,8 +97,11 @@ def parse_task(entry: DownstreamTask | dict[str, Any], index: int) -> Downstream
         raise MLMAdaptError(
             f"{_key(index, 'type')}: {task.type!r}; use sequence_classification or token_classification"
         )
-    if "/" in task.name:
-        raise MLMAdaptError(f"{_key(index, 'name')}: {task.name!r} may not contain '/' (it names metrics)")
+    if not isinstance(task.name, str) or not TASK_NAME.fullmatch(task.name):
+        raise MLMAdaptError(
+            f"{_key(index, 'name')}: {task.name!r} cannot name metrics, log lines and model-card rows; use "
+            "letters, digits, '-', '_' or '.' (no spaces, '/', '|' or line breaks, at most 64 characters)"
+        )
     for files in ("train_files", "test_files"):
         if isinstance(getattr(task, files), str):
             setattr(task, files, [getattr(task, files)])
@@ -113,6 +121,9 @@ def load_table(
             raise MLMAdaptError(
                 f"{files_key}: {group[0]} is plain text; labelled data must be jsonl/json/csv/parquet"
             )
+        empty = empty_file_error(group, files_key)
+        if empty is not None:
+            raise empty
         # arrow's JSON reader accepts invalid UTF-8 and fails later, unhelpfully; parquet is binary.
         for file in group if builder != "parquet" else []:
             error = encoding_error(file, files_key)
@@ -121,8 +132,9 @@ def load_table(
         try:
             part = datasets.load_dataset(builder, data_files=group, split="train", cache_dir=cache_dir)
         except Exception as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise MLMAdaptError(
-                f"{files_key}: could not read {', '.join(group)} as {builder}: {exc}"
+                f"{files_key}: could not read {', '.join(group)} as {builder}: {reason}"
             ) from exc
         for key, column in columns.items():
             if column not in part.column_names:
@@ -186,6 +198,15 @@ def _load_split(
     return out, raw_tags
 
 
+def _check_bio(tags: list[str], key: str, files: list[str]) -> None:
+    wrong = [t for t in tags if not BIO_TAG.fullmatch(t)]
+    if wrong:
+        raise MLMAdaptError(
+            f"{key}: tag {wrong[0]!r} in {', '.join(files)} is not BIO (O, B-TYPE, I-TYPE), so entity F1 "
+            "would be 0; convert the tags (BIOES: S- to B-, E- to I-; IO: TYPE to I-TYPE)"
+        )
+
+
 def load_task(entry: DownstreamTask | dict[str, Any], index: int, cache_dir: str | None = None) -> LoadedTask:
     """Loads and checks both splits of task ``index`` (its position in ``downstream.tasks``).
 
@@ -213,6 +234,8 @@ def load_task(entry: DownstreamTask | dict[str, Any], index: int, cache_dir: str
             f"{label_key}: test label {unseen[0]!r} never occurs in the training files; "
             "add training examples for it or drop it from the test files"
         )
+    if token_task:
+        _check_bio(names + unseen, label_key, task.train_files + task.test_files)
     if token_task and "O" in names:  # the "outside" tag first: index 0 is what unlabelled words get
         names.remove("O")
         names.insert(0, "O")
