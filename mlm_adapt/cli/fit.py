@@ -17,8 +17,9 @@ from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.model.checkpoints import callback_state, checkpoint_metadata
-from mlm_adapt.training import ExactResume, default_callbacks
+from mlm_adapt.training import default_callbacks
 from mlm_adapt.training.continue_logs import attach_csv_logs
+from mlm_adapt.training.resume import ResumeCheck
 from mlm_adapt.training.resume_lookup import (
     FIXED_SETTINGS,
     WEIGHT_SETTINGS,
@@ -108,19 +109,16 @@ class MLMAdaptCLI(LightningCLI):
 
     def before_fit(self) -> None:
         """Resuming: refuses changed fixed settings (any checkpoint path, ``last`` or explicit) and a
-        non-weights-only load before anything is written; the corpus is compared by ``ExactResume`` once
+        non-weights-only load before anything is written; the corpus is compared by ``ResumeCheck`` once
         the data is set up, and the CSV log is continued only when the resume is accepted."""
         saved = self._check_checkpoint(tuple(FIXED_SETTINGS))
         if saved is None:
             return
-        exact = next((c for c in self.trainer.callbacks if isinstance(c, ExactResume)), None)
         attach_csv_logs(self.trainer.loggers)  # writes nothing; keeps Lightning from wiping metrics.csv
-        if exact is not None:
-            # Lightning logs the rows of optimizer step k at logger step k - 1.
-            log_step = int(saved.get("global_step", 0)) - 1
-            exact.expect_resume(
-                callback_state(saved, "ExactResume"), log_step, str(self.config.fit.ckpt_path)
-            )
+        # Lightning logs the rows of optimizer step k at logger step k - 1.
+        log_step = int(saved.get("global_step", 0)) - 1
+        check = ResumeCheck(callback_state(saved, "ExactResume"), log_step, str(self.config.fit.ckpt_path))
+        self.trainer.callbacks.insert(0, check)  # its setup first: before any other callback writes
 
     def before_validate(self) -> None:
         """Refuses a checkpoint of another model or vocabulary (one line, not a state-dict traceback)."""
@@ -141,11 +139,7 @@ class MLMAdaptCLI(LightningCLI):
             progress_bar=trainer_config.get("enable_progress_bar") is not False,
             logger=trainer_config.get("logger") not in (False, []),
         )
-        trainer = super().instantiate_trainer(**kwargs)
-        # ExactResume's setup refuses a resume on another corpus: first, before any callback writes (the
-        # config file of SaveConfigCallback, export checks).
-        trainer.callbacks.sort(key=lambda callback: not isinstance(callback, ExactResume))
-        return trainer
+        return super().instantiate_trainer(**kwargs)
 
 
 def without_disabled(callbacks: Any, progress_bar: bool, logger: bool) -> Any:

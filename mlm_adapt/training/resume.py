@@ -139,6 +139,41 @@ def batch_seed(seed: int, epoch: int, batch_idx: int, rank: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+def check_corpus(saved_state: dict[str, Any], fingerprint: str | None, checkpoint: str) -> None:
+    """Refuses a resume whose training corpus differs from the checkpoint's (``ExactResume``'s state)."""
+    conflicts = resume_conflicts({"corpus": saved_state}, {"corpus": {CORPUS_KEY: fingerprint}})
+    if conflicts:
+        raise MLMAdaptError(conflict_message(checkpoint, conflicts))
+
+
+class ResumeCheck(L.Callback):
+    """The corpus half of the resume check, before anything is written; then the CSV log is continued.
+
+    The CLI puts it first among the callbacks: its ``setup`` runs right after the data is set up and
+    before any other callback's (the config file, the export's checks), so a refused resume leaves the
+    run directory as it was. Only an accepted resume drops the CSV rows past the checkpoint.
+
+    Args:
+        saved_state: ``ExactResume``'s state in the checkpoint (its corpus fingerprint).
+        log_step: The last logger step the checkpoint covers.
+        checkpoint: The checkpoint's path, for the refusal.
+    """
+
+    def __init__(self, saved_state: dict[str, Any], log_step: int, checkpoint: str):
+        self.saved_state = dict(saved_state)
+        self.log_step = log_step
+        self.checkpoint = checkpoint
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        datamodule = getattr(trainer, "datamodule", None)
+        fingerprint = corpus_fingerprint(datamodule) if datamodule is not None else None
+        check_corpus(self.saved_state, fingerprint, self.checkpoint)
+        drop_rows_after(trainer.loggers, self.log_step)  # accepted: nothing was written before this
+
+
 class ExactResume(L.Callback):
     """Makes ``fit --ckpt_path last`` (or a SLURM requeue) continue exactly where the killed run was.
 
@@ -149,11 +184,8 @@ class ExactResume(L.Callback):
     keeps a fingerprint of the training corpus in checkpoints: resuming on a different corpus (the data
     loader position would point into other data) is refused with one line.
 
-    The CLI announces a resume with :meth:`expect_resume`: the corpus is then compared in ``setup``, right
-    after the data is set up and before any other callback writes (the CLI runs this callback's ``setup``
-    first), and only an accepted resume drops the CSV log rows past the checkpoint. Without the
-    announcement (a plain ``trainer.fit(ckpt_path=...)``) the comparison happens when the checkpoint is
-    restored.
+    The CLI compares the corpus earlier, before anything is written (:class:`ResumeCheck`); here it is
+    compared when the checkpoint is restored (a plain ``trainer.fit(ckpt_path=...)``).
 
     Args:
         seed: Base seed; default: the ``seed_everything`` value (``PL_GLOBAL_SEED``), else 0.
@@ -164,23 +196,6 @@ class ExactResume(L.Callback):
         self.seed = seed
         self.atomic_checkpoints = atomic_checkpoints
         self.corpus_fingerprint: str | None = None
-        self._resume: tuple[dict[str, Any], int, str] | None = None
-
-    def expect_resume(self, saved_state: dict[str, Any], log_step: int, checkpoint: str) -> None:
-        """Announces the checkpoint of the coming ``fit``.
-
-        Args:
-            saved_state: This callback's state in the checkpoint (its corpus fingerprint).
-            log_step: The last logger step the checkpoint covers (CSV rows after it are dropped).
-            checkpoint: The checkpoint's path, for the refusal.
-        """
-        self._resume = (dict(saved_state), log_step, checkpoint)
-
-    def _check_corpus(self, saved_state: dict[str, Any], checkpoint: str) -> None:
-        current = {"corpus": {CORPUS_KEY: self.corpus_fingerprint}}
-        conflicts = resume_conflicts({"corpus": saved_state}, current)
-        if conflicts:
-            raise MLMAdaptError(conflict_message(checkpoint, conflicts))
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -191,10 +206,6 @@ class ExactResume(L.Callback):
         datamodule = getattr(trainer, "datamodule", None)
         if stage == "fit" and datamodule is not None:  # set up before the callbacks: its data is ready
             self.corpus_fingerprint = corpus_fingerprint(datamodule)
-        if stage == "fit" and self._resume is not None:
-            saved_state, log_step, checkpoint = self._resume
-            self._check_corpus(saved_state, checkpoint)
-            drop_rows_after(trainer.loggers, log_step)  # the resume is accepted: nothing was written before
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -203,7 +214,7 @@ class ExactResume(L.Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Called when fit restores a checkpoint, after setup: the current corpus is known.
-        self._check_corpus(state_dict, "the checkpoint")
+        check_corpus(state_dict, self.corpus_fingerprint, "the checkpoint")
 
     @override
     def on_train_batch_start(
