@@ -16,15 +16,20 @@ from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
 from mlm_adapt.model import MaskedLMModule
-from mlm_adapt.model.checkpoints import checkpoint_metadata
+from mlm_adapt.model.checkpoints import callback_state, checkpoint_metadata
 from mlm_adapt.training import default_callbacks
-from mlm_adapt.training.continue_logs import continue_csv_logs
+from mlm_adapt.training.continue_logs import attach_csv_logs
+from mlm_adapt.training.resume import ResumeCheck
 from mlm_adapt.training.resume_lookup import (
+    FIXED_SETTINGS,
+    WEIGHT_SETTINGS,
     checkpoint_settings,
     conflict_message,
     resolve_resume,
     resume_conflicts,
 )
+
+EVALUATION_COMMANDS = ("validate", "test")
 
 
 class MLMAdaptCLI(LightningCLI):
@@ -65,14 +70,23 @@ class MLMAdaptCLI(LightningCLI):
         parser.add_lightning_class_args(DownstreamEvaluation, "downstream")
 
     @override
+    def _parse_ckpt_path(self) -> None:
+        """Keeps the command line's settings: Lightning would copy a checkpoint's hyper-parameters over the
+        ``model.*`` flags here (for explicit paths only, not ``last``); they are compared instead, the same
+        way for every path (:meth:`_check_checkpoint`), and a difference is refused."""
+
+    @override
     def before_instantiate_classes(self) -> None:
-        # Before the loggers exist: `last` must name the killed run's checkpoint and its logger version.
+        # Before the loggers exist: `last` must name the killed run's checkpoint and its logger version;
+        # validate/test look it up the same way (and keep a logger version of their own).
         if self.subcommand == "fit":
             resolve_resume(self.config.fit)
+        elif self.subcommand in EVALUATION_COMMANDS:
+            resolve_resume(self.config[self.subcommand], follow_version=False)
 
-    def before_fit(self) -> None:
-        """Resuming: refuses changed fixed settings and a non-weights-only load, continues the CSV log."""
-        config = self.config.fit
+    def _check_checkpoint(self, settings: tuple[tuple[str, str], ...]) -> dict[str, Any] | None:
+        """Refuses a checkpoint whose ``settings`` differ from the command line's; returns its entries."""
+        config = self.config[self.subcommand]
         if config.weights_only is False:
             raise MLMAdaptError(
                 "weights_only=false: mlm_adapt reads checkpoints weights-only (a pickle could run code); "
@@ -80,19 +94,39 @@ class MLMAdaptCLI(LightningCLI):
             )
         ckpt_path = config.ckpt_path
         if not ckpt_path or ckpt_path in ("best", "hpc"):
-            return
+            return None
         saved = checkpoint_metadata(ckpt_path)  # also refuses a crafted file before Lightning reads it
         # The optimizer as the checkpoint stores it: in the resolved config, serialized by the same parser.
-        resolved = yaml.safe_load(self.parser.dump(self.config, skip_none=False))["fit"]
+        resolved = yaml.safe_load(self.parser.dump(self.config, skip_none=False))[self.subcommand]
         current = {
             "model": {**self.model.hparams, "optimizer": resolved["model"]["optimizer"]},
             "data": dict(self.datamodule.hparams),
         }
-        conflicts = resume_conflicts(checkpoint_settings(saved), current)
+        conflicts = resume_conflicts(checkpoint_settings(saved), current, settings)
         if conflicts:
             raise MLMAdaptError(conflict_message(ckpt_path, conflicts))
+        return saved
+
+    def before_fit(self) -> None:
+        """Resuming: refuses changed fixed settings (any checkpoint path, ``last`` or explicit) and a
+        non-weights-only load before anything is written; the corpus is compared by ``ResumeCheck`` once
+        the data is set up, and the CSV log is continued only when the resume is accepted."""
+        saved = self._check_checkpoint(tuple(FIXED_SETTINGS))
+        if saved is None:
+            return
+        attach_csv_logs(self.trainer.loggers)  # writes nothing; keeps Lightning from wiping metrics.csv
         # Lightning logs the rows of optimizer step k at logger step k - 1.
-        continue_csv_logs(self.trainer.loggers, int(saved.get("global_step", 0)) - 1)
+        log_step = int(saved.get("global_step", 0)) - 1
+        check = ResumeCheck(callback_state(saved, "ExactResume"), log_step, str(self.config.fit.ckpt_path))
+        self.trainer.callbacks.insert(0, check)  # its setup first: before any other callback writes
+
+    def before_validate(self) -> None:
+        """Refuses a checkpoint of another model or vocabulary (one line, not a state-dict traceback)."""
+        self._check_checkpoint(WEIGHT_SETTINGS)
+
+    def before_test(self) -> None:
+        """As :meth:`before_validate`."""
+        self._check_checkpoint(WEIGHT_SETTINGS)
 
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:

@@ -66,9 +66,18 @@ def plot_metrics(metrics_csv: str | Path, output: str | Path | Output, title: st
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    frame = pd.read_csv(metrics_csv)
+    try:
+        frame = pd.read_csv(metrics_csv)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+        empty = isinstance(exc, pd.errors.EmptyDataError)
+        reason = "it is empty" if empty else "it is not a readable CSV file"
+        raise MLMAdaptError(
+            f"plot: {metrics_csv}: {reason}; give the metrics.csv of a run that logged (CSVLogger)"
+        ) from None
     if "step" not in frame.columns:
         raise MLMAdaptError(f"plot: {metrics_csv} has no 'step' column; is it a Lightning CSVLogger log?")
+    if frame.empty:
+        raise MLMAdaptError(f"plot: {metrics_csv} has a header but no rows yet; plot after the run logged")
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.2))
     for ax, (name, columns) in zip(axes, PANELS, strict=True):
         for column, label in columns:

@@ -12,14 +12,20 @@ import pyarrow.compute as pc
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
-from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
+from mlm_adapt.data.loader_state import WorkerCountFreeLoader
 from mlm_adapt.data.preprocess import is_non_empty, mix_documents, to_blocks
 from mlm_adapt.data.samplers import KeyedDataset, train_sampler
 from mlm_adapt.data.streaming import StreamingCorpus, load_hub_stream, load_stream
-from mlm_adapt.data.validation_sets import ValidationFiles, ValidationSets, check_forgetting_warning
+from mlm_adapt.data.validation_sets import (
+    ValidationFiles,
+    ValidationSets,
+    check_forgetting_warning,
+    held_out_error,
+    warn_overlap,
+)
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import MaskingScheme, WholeWordMaskCollator
 from mlm_adapt.masking.sampler import check_probabilities
@@ -137,7 +143,9 @@ class MLMDataModule(L.LightningDataModule):
             raise MLMAdaptError(f"data.validation_split={validation_split} must be in [0, 1), e.g. 0.05")
         if max_seq_length < 8:
             raise MLMAdaptError(
-                f"data.max_seq_length={max_seq_length} is too short; use at least 8 (e.g. 512)"
+                # In a fit config the value comes from model.max_seq_length (linked here): name that key.
+                f"model.max_seq_length={max_seq_length} is too short (data.max_seq_length when the "
+                "datamodule is used alone); use at least 8 (e.g. 512)"
             )
         sizes = {"batch_size": 1, "eval_batch_size": 1, "num_workers": 0, "preprocessing_num_workers": 1}
         for key, least in sizes.items():  # torch and datasets would refuse them only after preprocessing
@@ -245,10 +253,7 @@ class MLMDataModule(L.LightningDataModule):
                 )
         if held_out:
             if hp.validation_split <= 0 or len(splits["train"]) < 2:
-                raise MLMAdaptError(
-                    "data.validation_split: need validation data; "
-                    "set data.validation_files or a split in (0, 1)"
-                )
+                raise held_out_error(hp.validation_split, len(splits["train"]))
             parts = splits["train"].train_test_split(test_size=hp.validation_split, seed=hp.seed)
             splits["train"], splits[held_out] = parts["train"], parts["test"]
         if hp.mix_probability > 0:
@@ -281,6 +286,7 @@ class MLMDataModule(L.LightningDataModule):
             self._setup_streaming()
             return
         raw = self._load_raw()
+        warn_overlap(raw, self.validation_sets, self.hparams.train_files)
         blocks = self._preprocess(raw)
         self.train_dataset = blocks["train"]
         other_sets = self._set_eval_datasets(blocks)
@@ -341,7 +347,8 @@ class MLMDataModule(L.LightningDataModule):
         workers = self.hparams.num_workers
         # The train loader is stateful: Lightning stores its state_dict in checkpoints, so a resumed fit
         # continues mid-epoch at the next unseen batch instead of replaying or skipping the epoch's start.
-        loader_class = StatefulDataLoader if stateful else DataLoader
+        # Its state loads under another data.num_workers too (the workers hold no position).
+        loader_class = WorkerCountFreeLoader if stateful else DataLoader
         return loader_class(
             dataset,
             batch_size=batch_size,

@@ -3,13 +3,23 @@
 The first set is the primary one: its metrics keep the names ``val/*`` (checkpoint monitors, the export's
 choice of checkpoint), the others are logged as ``val_<name>/*``. A set given as ``null`` is held out from
 the training documents (``data.validation_split``), e.g. ``{domain: null, general: [general.txt]}``.
+
+A validation set that overlaps the training data (the same file, or identical documents in a sample) gets
+a one-line warning (:func:`warn_overlap`): its metrics would flatter the model.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import datasets
+from lightning.pytorch.utilities import rank_zero_warn
 
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.text.corpus import expand_files
 
 ValidationFiles = list[str] | dict[str, list[str] | None] | None
 # The name of the only set when ``data.validation_files`` is a list (or absent).
@@ -74,7 +84,92 @@ class ValidationSets:
         return self.key(next(n for n, s in self.splits.items() if s == split))
 
 
+def held_out_error(validation_split: float, documents: int) -> MLMAdaptError:
+    """Why no validation set can be held out of ``documents`` training documents."""
+    if validation_split <= 0:
+        return MLMAdaptError(
+            "data.validation_split: need validation data; set data.validation_files or a split in (0, 1)"
+        )
+    return MLMAdaptError(
+        f"data.validation_files: the training corpus holds {documents} document, too few to hold out "
+        f"data.validation_split={validation_split} of it; give data.validation_files (or more documents, "
+        "e.g. one per line in a .txt file)"
+    )
+
+
 def check_forgetting_warning(value: float | None) -> None:
     """``data.forgetting_warning`` must be a positive fraction when set."""
     if value is not None and value <= 0:
         raise MLMAdaptError(f"data.forgetting_warning={value} must be > 0, e.g. 0.2 (+20% perplexity)")
+
+
+# Validation documents sampled (the first ones) and training documents searched for them.
+VALIDATION_SAMPLE = 1000
+TRAINING_SCAN = 200_000
+# Sampled documents shorter than this are ignored: short lines ("好评", "谢谢") repeat in any corpus.
+MIN_CHARS = 8
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.strip().encode("utf-8"), digest_size=12).digest()
+
+
+def _resolved(files: Iterable[str]) -> set[Path]:
+    return {Path(f).expanduser().resolve() for f in files}
+
+
+def overlap_messages(
+    train: datasets.Dataset,
+    train_files: Iterable[str],
+    validation: Mapping[str, tuple[list[str], datasets.Dataset]],
+) -> list[str]:
+    """One line per validation set that overlaps the training data.
+
+    Args:
+        train: The training documents (``text`` column).
+        train_files: The training files, expanded.
+        validation: ``{config key: (expanded files, documents)}`` of the validation sets given as files.
+    """
+    messages = []
+    training_files = _resolved(train_files)
+    seen: set[bytes] | None = None
+    for key, (files, documents) in validation.items():
+        shared = sorted(str(f) for f in _resolved(files) & training_files)
+        if shared:
+            messages.append(
+                f"{key}: {', '.join(shared)} is also training data (data.train_files); its validation "
+                "metrics measure memorization, not adaptation: give held-out text"
+            )
+            continue
+        sample = [t for t in documents.select(range(min(len(documents), VALIDATION_SAMPLE)))["text"]]
+        wanted = {_digest(t) for t in sample if len(t.strip()) >= MIN_CHARS}
+        if not wanted:
+            continue
+        if seen is None:
+            head = train.select(range(min(len(train), TRAINING_SCAN)))["text"]
+            seen = {_digest(t) for t in head if len(t.strip()) >= MIN_CHARS}
+        found = len(wanted & seen)
+        if found:
+            messages.append(
+                f"{key}: {found} of {len(wanted)} sampled documents also occur in the training data; its "
+                "validation metrics flatter the model: remove them from one side"
+            )
+    return messages
+
+
+def warn_overlap(raw: datasets.DatasetDict, sets: ValidationSets, train_files: list[str] | None) -> None:
+    """Warns (rank 0, one line each) about the validation sets of ``raw`` that overlap its training data.
+
+    Args:
+        raw: The loaded documents by split (``train``, the validation sets' splits).
+        sets: ``data.validation_files``, checked.
+        train_files: ``data.train_files`` (``None``: a Hub dataset).
+    """
+    given = {
+        sets.key(name): (expand_files(files, sets.key(name)), raw[sets.splits[name]])
+        for name, files in sets.files.items()
+        if files
+    }
+    train = expand_files(train_files, "data.train_files") if train_files else []
+    for message in overlap_messages(raw["train"], train, given):
+        rank_zero_warn(f"mlm_adapt: {message}")

@@ -6,6 +6,7 @@ and the config key ``downstream.tasks[i].<key>``); the labels are checked before
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,10 @@ import datasets
 from mlm_adapt.downstream.spec import DownstreamTask, TaskSplit, task_key
 from mlm_adapt.downstream.types import TaskType, task_type
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.corpus import BUILDERS, encoding_error, expand_files
+from mlm_adapt.text.corpus import BUILDERS, empty_file_error, encoding_error, expand_files
+
+# Task names become metric names (downstream/<name>/f1), log lines and model-card table cells.
+TASK_NAME = re.compile(r"[\w.\-]{1,64}")
 
 
 @dataclass
@@ -45,9 +49,10 @@ def parse_task(entry: DownstreamTask | dict[str, Any], index: int) -> Downstream
                 raise MLMAdaptError(f"{task_key(index, required)} is required")
         task = DownstreamTask(**entry)
     task_type(task.type, index).check(task, index)
-    if "/" in task.name:
+    if not isinstance(task.name, str) or not TASK_NAME.fullmatch(task.name):
         raise MLMAdaptError(
-            f"{task_key(index, 'name')}: {task.name!r} may not contain '/' (it names metrics)"
+            f"{task_key(index, 'name')}: {task.name!r} cannot name metrics, log lines and model-card rows; "
+            "use letters, digits, '-', '_' or '.' (no spaces, '/', '|' or line breaks, at most 64 characters)"
         )
     for files in ("train_files", "test_files"):
         if isinstance(getattr(task, files), str):
@@ -68,6 +73,9 @@ def load_table(
             raise MLMAdaptError(
                 f"{files_key}: {group[0]} is plain text; labelled data must be jsonl/json/csv/parquet"
             )
+        empty = empty_file_error(group, files_key)
+        if empty is not None:
+            raise empty
         # arrow's JSON reader accepts invalid UTF-8 and fails later, unhelpfully; parquet is binary.
         for file in group if builder != "parquet" else []:
             error = encoding_error(file, files_key)
@@ -76,8 +84,9 @@ def load_table(
         try:
             part = datasets.load_dataset(builder, data_files=group, split="train", cache_dir=cache_dir)
         except Exception as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise MLMAdaptError(
-                f"{files_key}: could not read {', '.join(group)} as {builder}: {exc}"
+                f"{files_key}: could not read {', '.join(group)} as {builder}: {reason}"
             ) from exc
         for key, column in columns.items():
             if column not in part.column_names:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import lightning as L
 import torch
@@ -19,6 +19,7 @@ from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import ExportInfo, val_metrics_at
 from mlm_adapt.export.hub import check_hub_access, push_folder
 from mlm_adapt.export.options import ExportOptions
+from mlm_adapt.export.preflight import check_monitor, check_trains, run_metrics
 from mlm_adapt.export.writer import write_export
 from mlm_adapt.guard.outputs import Output, check_output
 from mlm_adapt.model.checkpoints import load_checkpoint, module_from_checkpoint
@@ -103,6 +104,8 @@ class HFExport(ExportOptions, L.Callback):
         mode: ``min`` (losses, perplexity) or ``max`` (accuracy, F1): which ``monitor`` value is best.
     """
 
+    option_prefix: ClassVar[str] = "export."
+
     output_dir: str | None = None
     enabled: bool = True
     checkpoint: Literal["best", "last"] = "best"
@@ -140,6 +143,9 @@ class HFExport(ExportOptions, L.Callback):
                     f"export.mode={self.mode!r} but the ModelCheckpoint monitoring {self.monitor!r} has mode "
                     f"{callback.mode!r}; make them agree"
                 )
+        check_trains(trainer)
+        if self.checkpoint == "best":
+            check_monitor(self.monitor, run_metrics(trainer))
         self._output = Output(
             self.export_dir,
             key="export.output_dir",

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
+
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import DEFAULT_TAGS
@@ -26,6 +30,9 @@ class ExportOptions:
         commit_message: Hub commit message.
     """
 
+    # How the options are spelled on the command line, for error messages (``export.`` in fit configs).
+    option_prefix: ClassVar[str] = "--"
+
     overwrite: bool = False
     verify: bool = True
     license: str = "apache-2.0"
@@ -38,5 +45,20 @@ class ExportOptions:
 
     def __post_init__(self) -> None:
         if self.push_to_hub and not self.repo_id:
-            raise MLMAdaptError("export.repo_id is required with push_to_hub; give NAME or ORG/NAME")
+            raise MLMAdaptError(
+                f"{self.option_prefix}repo_id is required with push_to_hub; give NAME or ORG/NAME"
+            )
+        if self.repo_id is not None:
+            check_repo_id(self.repo_id, f"{self.option_prefix}repo_id")
         self.tags = list(self.tags) if self.tags is not None else list(DEFAULT_TAGS)
+
+
+def check_repo_id(repo_id: str, key: str = "repo_id") -> None:
+    """Refuses a Hub repository id the Hub would refuse after training (``a/b/c``, ``../x``, spaces)."""
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise MLMAdaptError(
+            f"{key}={repo_id!r} is no Hub repository id; give NAME or ORG/NAME (letters, digits, '-', '_', "
+            "'.'; not starting or ending with '-' or '.'; at most 96 characters)"
+        ) from None

@@ -1,9 +1,10 @@
 """Word ids for the tokenizer's own tokenization: tokenize each text whole, then align jieba words to tokens.
 
 Whole-word masking needs a word id per token, but the tokens must be exactly what the tokenizer produces
-for the text (``tokenizer(text, add_special_tokens=False)``), or the model trains on a tokenization it never
-sees at inference. Tokenizing jieba's word list instead gives every word its own ``▁`` prefix (SentencePiece),
-keeps byte-level BPE merges from crossing a word boundary, and splits BERT's ``１０`` into ``１ ０``.
+for the text (``tokenizer(text, add_special_tokens=False, split_special_tokens=True)``), or the model trains
+on a tokenization it never sees at inference. Tokenizing jieba's word list instead gives every word its
+own ``▁`` prefix (SentencePiece), keeps byte-level BPE merges from crossing a word boundary, and splits
+BERT's ``１０`` into ``１ ０``.
 
 So each text is tokenized whole, with character offsets, and each token gets the jieba word covering its
 characters:
@@ -18,6 +19,12 @@ characters:
 Word ids increase along each text; they are not compact (words without tokens leave gaps): blocks compact
 them. Everything after the tokenizer call is vectorized over the batch with numpy.
 
+Text is text, for every family: the strings of special tokens in a document (``[MASK]``, ``<mask>``,
+``<s>``, ``[CLS]``) are tokenized as ordinary characters, never as control tokens (``split_special_tokens``);
+where the vocabulary model itself has such a string as a piece (SentencePiece vocabularies list ``<s>`` and
+``[MASK]``), the piece is replaced by the pieces of its characters (:func:`_spell_out`), so no control id
+ever comes from corpus text.
+
 BERT's pipeline (BertNormalizer isolating CJK characters, BertPreTokenizer, WordPiece) gets a faster path
 that produces the same tokens and offsets without tokenizing the CJK characters: see :class:`_CharTable`.
 """
@@ -29,6 +36,7 @@ import sys
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
@@ -145,12 +153,24 @@ def token_spans(texts: Sequence[str], tokenizer: PreTrainedTokenizerBase) -> Tok
         return _bert_spans(texts, table, lengths, text_start)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and backend.truncation is None and backend.padding is None:
-        encodings = backend.encode_batch(list(texts), add_special_tokens=False)
+        matching = backend.encode_special_tokens
+        backend.encode_special_tokens = True  # text is text: "[MASK]" in a document is no mask token
+        try:
+            encodings = backend.encode_batch(list(texts), add_special_tokens=False)
+        finally:
+            backend.encode_special_tokens = matching
         ids = [e.ids for e in encodings]
         offsets = [e.offsets for e in encodings]
     else:  # the public call: it switches a saved truncation/padding setting off
-        encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
+        encoded = tokenizer(
+            list(texts), add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True
+        )
         ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    control = control_ids(tokenizer)
+    if backend is not None and control:
+        for row, text in enumerate(texts):
+            if not control.isdisjoint(ids[row]):
+                ids[row], offsets[row] = _spell_out(ids[row], offsets[row], text, backend, control)
     counts = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     flat_ids = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(counts.sum()))
     flat_offsets = np.fromiter(
@@ -160,6 +180,30 @@ def token_spans(texts: Sequence[str], tokenizer: PreTrainedTokenizerBase) -> Tok
     ).reshape(-1, 2)
     shift = np.repeat(text_start, counts)
     return TokenSpans(flat_ids, flat_offsets[:, 0] + shift, flat_offsets[:, 1] + shift, counts)
+
+
+def control_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """Ids of the tokenizer's special tokens that control the model ([CLS], <s>, [MASK]...; not unknown)."""
+    return set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}
+
+
+def _spell_out(
+    ids: Sequence[int], offsets: Sequence[tuple[int, int]], text: str, backend: Any, control: set[int]
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """``ids`` with every control token that the vocabulary model itself matched in the text (SentencePiece
+    vocabularies list ``<s>``, ``[MASK]`` as pieces) replaced by the pieces of its characters, one each."""
+    new_ids: list[int] = []
+    new_offsets: list[tuple[int, int]] = []
+    for token, (start, end) in zip(ids, offsets, strict=True):
+        if token not in control or end <= start:
+            new_ids.append(token)
+            new_offsets.append((start, end))
+            continue
+        for position in range(start, end):
+            for piece in backend.model.tokenize(text[position]):
+                new_ids.append(piece.id)
+                new_offsets.append((position, position + 1))
+    return new_ids, new_offsets
 
 
 def bert_wordpiece(tokenizer: PreTrainedTokenizerBase) -> bool:

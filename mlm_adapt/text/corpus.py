@@ -131,6 +131,22 @@ def file_error(files: list[str], key: str) -> MLMAdaptError | None:
     return None
 
 
+# Files up to this size are read to tell a whitespace-only file from one with content.
+_SMALL_FILE = 1 << 16
+
+
+def empty_file_error(files: list[str], key: str) -> MLMAdaptError | None:
+    """The one-line error for the first of ``files`` that is empty (or holds only whitespace), if any.
+
+    ``datasets`` reports such a file as a generation error, or with an empty reason.
+    """
+    for file in files:
+        size = Path(file).stat().st_size
+        if size == 0 or (size <= _SMALL_FILE and not Path(file).read_bytes().strip()):
+            return MLMAdaptError(f"{key}: {file} is empty; give a file that holds data (or drop it)")
+    return None
+
+
 def text_only(dataset: datasets.Dataset, text_column: str) -> datasets.Dataset:
     """Keeps only ``text_column``, renamed ``text`` (works for ``Dataset`` and ``IterableDataset``)."""
     dataset = dataset.select_columns([text_column])
@@ -138,13 +154,17 @@ def text_only(dataset: datasets.Dataset, text_column: str) -> datasets.Dataset:
 
 
 def _load_one_builder(builder: str, files: list[str], key: str, text_column: str, cache_dir: str | None):
+    empty = empty_file_error(files, key)
+    if empty is not None:
+        raise empty
     try:
         dataset = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=cache_dir)
     except Exception as exc:  # datasets wraps decode and parse errors in its own generation errors
         error = file_error(files, key)
         if error is not None:
             raise error from None
-        raise MLMAdaptError(f"{key}: could not read {', '.join(files)} as {builder}: {exc}") from exc
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise MLMAdaptError(f"{key}: could not read {', '.join(files)} as {builder}: {reason}") from exc
     if text_column not in dataset.column_names:
         raise MLMAdaptError(
             f"{key}: column {text_column!r} not found in {', '.join(files)} (columns: "

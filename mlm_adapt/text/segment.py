@@ -20,6 +20,9 @@ from mlm_adapt.errors import MLMAdaptError
 
 SegmenterBackend = Literal["rjieba", "jieba"]
 
+# rjieba keeps frequencies (and their total) in 64-bit integers; far below that, any word already wins.
+MAX_FREQUENCY = 10**12
+
 
 def jieba_cache_dir() -> Path:
     """jieba's prefix-dictionary cache dir: ``$MLM_ADAPT_JIEBA_CACHE`` or ``~/.cache/mlm_adapt/jieba``.
@@ -65,6 +68,11 @@ def read_user_dict(path: str | Path) -> list[tuple[str, int | None, str | None]]
                     "use 'word [freq] [tag]'"
                 )
             freq = int(parts[1])
+            if freq > MAX_FREQUENCY:
+                raise MLMAdaptError(
+                    f"data.user_dict: {path} line {lineno}: frequency {parts[1]} is too large; use at most "
+                    f"{MAX_FREQUENCY} (jieba's own dictionary tops out below 10^6)"
+                )
         if len(parts) > 2:
             tag = parts[2]
         entries.append((word, freq, tag))

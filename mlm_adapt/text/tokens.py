@@ -17,7 +17,7 @@ from mlm_adapt.text.segment import Segmenter
 SPECIAL_WORD_ID = -1
 # Bumped whenever the tokens or word ids produced for a text change: it is part of the datasets cache
 # fingerprint (see mlm_adapt.data.preprocess), so caches written by an older version are not reused.
-TOKENIZATION_VERSION = 2
+TOKENIZATION_VERSION = 3
 
 
 def tokenize_with_word_ids(
@@ -25,7 +25,8 @@ def tokenize_with_word_ids(
 ) -> dict[str, list[list[int]]]:
     """Tokenizes each text whole and gives every token the id of the jieba word it belongs to.
 
-    The tokens are exactly ``tokenizer(text, add_special_tokens=False)["input_ids"]``. A word is whatever
+    The tokens are ``tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]``
+    (special-token strings in the text are text; see :mod:`mlm_adapt.text.alignment`). A word is whatever
     jieba returns (a Chinese dictionary word, an English word or number, a punctuation mark); words that one
     token spans are joined into one id (masked together), whitespace and ``▁``/``Ġ`` markers belong to the
     following word, and byte-level pieces of one character share its word.

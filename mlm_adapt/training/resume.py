@@ -26,6 +26,7 @@ from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.outputs import Output, write_file
 from mlm_adapt.guard.staging import fsync_dir  # noqa: F401 -- its earlier home; callers may import it here
 from mlm_adapt.model.safe_load import load_weights_only
+from mlm_adapt.training.continue_logs import drop_rows_after
 from mlm_adapt.training.resume_lookup import CORPUS_KEY, conflict_message, resume_conflicts
 
 
@@ -71,6 +72,41 @@ def batch_seed(seed: int, epoch: int, batch_idx: int, rank: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+def check_corpus(saved_state: dict[str, Any], fingerprint: str | None, checkpoint: str) -> None:
+    """Refuses a resume whose training corpus differs from the checkpoint's (``ExactResume``'s state)."""
+    conflicts = resume_conflicts({"corpus": saved_state}, {"corpus": {CORPUS_KEY: fingerprint}})
+    if conflicts:
+        raise MLMAdaptError(conflict_message(checkpoint, conflicts))
+
+
+class ResumeCheck(L.Callback):
+    """The corpus half of the resume check, before anything is written; then the CSV log is continued.
+
+    The CLI puts it first among the callbacks: its ``setup`` runs right after the data is set up and
+    before any other callback's (the config file, the export's checks), so a refused resume leaves the
+    run directory as it was. Only an accepted resume drops the CSV rows past the checkpoint.
+
+    Args:
+        saved_state: ``ExactResume``'s state in the checkpoint (its corpus fingerprint).
+        log_step: The last logger step the checkpoint covers.
+        checkpoint: The checkpoint's path, for the refusal.
+    """
+
+    def __init__(self, saved_state: dict[str, Any], log_step: int, checkpoint: str):
+        self.saved_state = dict(saved_state)
+        self.log_step = log_step
+        self.checkpoint = checkpoint
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        datamodule = getattr(trainer, "datamodule", None)
+        fingerprint = corpus_fingerprint(datamodule) if datamodule is not None else None
+        check_corpus(self.saved_state, fingerprint, self.checkpoint)
+        drop_rows_after(trainer.loggers, self.log_step)  # accepted: nothing was written before this
+
+
 class ExactResume(L.Callback):
     """Makes ``fit --ckpt_path last`` (or a SLURM requeue) continue exactly where the killed run was.
 
@@ -80,6 +116,9 @@ class ExactResume(L.Callback):
     strategy still uses Lightning's default checkpoint IO (a user-configured plugin is left alone), and
     keeps a fingerprint of the training corpus in checkpoints: resuming on a different corpus (the data
     loader position would point into other data) is refused with one line.
+
+    The CLI compares the corpus earlier, before anything is written (:class:`ResumeCheck`); here it is
+    compared when the checkpoint is restored (a plain ``trainer.fit(ckpt_path=...)``).
 
     Args:
         seed: Base seed; default: the ``seed_everything`` value (``PL_GLOBAL_SEED``), else 0.
@@ -108,10 +147,7 @@ class ExactResume(L.Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Called when fit restores a checkpoint, after setup: the current corpus is known.
-        saved = {"corpus": state_dict}
-        conflicts = resume_conflicts(saved, {"corpus": {CORPUS_KEY: self.corpus_fingerprint}})
-        if conflicts:
-            raise MLMAdaptError(conflict_message("the checkpoint", conflicts))
+        check_corpus(state_dict, self.corpus_fingerprint, "the checkpoint")
 
     @override
     def on_train_batch_start(

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 from lightning.pytorch.utilities import rank_zero_info
 
+from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.checkpoints import callback_state
 
 # Lightning's names for the last checkpoint: last.ckpt, and last-v1.ckpt ... with its version counter.
@@ -39,6 +40,12 @@ FIXED_SETTINGS: dict[tuple[str, str], str] = {
     ("data", "packing"): "the data blocks and the position of the data loader depend on it",
     ("model", "optimizer"): "the optimizer state restored from the checkpoint (learning rate included) wins",
 }
+# What ``validate``/``test`` compare: the settings the checkpoint's weights and token ids depend on.
+WEIGHT_SETTINGS = (
+    ("model", "model_name_or_path"),
+    ("model", "new_tokens_file"),
+    ("data", "tokenizer_name_or_path"),
+)
 CORPUS_KEY = "corpus_fingerprint"
 
 
@@ -104,7 +111,9 @@ def _flatten(prefix: str, value: Any) -> dict[str, Any]:
 
 
 def resume_conflicts(
-    saved: Mapping[str, Mapping[str, Any]], current: Mapping[str, Mapping[str, Any]]
+    saved: Mapping[str, Mapping[str, Any]],
+    current: Mapping[str, Mapping[str, Any]],
+    settings: Iterable[tuple[str, str]] = tuple(FIXED_SETTINGS),
 ) -> list[str]:
     """The fixed settings that differ between a checkpoint and the new run, as ``key: saved -> current``.
 
@@ -113,9 +122,10 @@ def resume_conflicts(
             {"corpus_fingerprint": ...}}`` as stored in the checkpoint (missing sections are not compared:
             a checkpoint of mlm_adapt 0.1 has no corpus fingerprint).
         current: The same sections for the run being started.
+        settings: The ``(section, key)`` pairs compared (default: every fixed setting).
     """
     conflicts = []
-    for section, key in FIXED_SETTINGS:
+    for section, key in settings:
         old_section, new_section = saved.get(section), current.get(section)
         if old_section is None or new_section is None or key not in old_section or key not in new_section:
             continue
@@ -200,7 +210,7 @@ def checkpoint_dirs(callbacks_config: Any) -> list[Path]:
     return dirs
 
 
-def resolve_resume(config: Any) -> None:
+def resolve_resume(config: Any, follow_version: bool = True) -> None:
     """Turns a parsed ``fit`` config's ``ckpt_path`` into the checkpoint to resume, and continues its logs.
 
     ``last`` becomes the newest ``last*.ckpt`` of the run (see the module docstring), or ``None`` with a
@@ -210,7 +220,10 @@ def resolve_resume(config: Any) -> None:
     Other values (a path, ``best``, ``hpc``) are left to Lightning, except for that version.
 
     Args:
-        config: The ``fit`` section of LightningCLI's parsed config (changed in place).
+        config: The ``fit`` (``validate``, ``test``) section of LightningCLI's parsed config (changed in
+            place).
+        follow_version: Set the loggers to the checkpoint's version (``fit``); ``validate`` and ``test``
+            only look the checkpoint up, and log into a version of their own.
     """
     ckpt_path = config.ckpt_path
     if not ckpt_path or ckpt_path in ("best", "hpc"):
@@ -232,12 +245,16 @@ def resolve_resume(config: Any) -> None:
         found = find_last_checkpoint(roots, fixed)
         if found is None:
             where = [str(r / "*" / CHECKPOINTS_SUBDIR) for r in roots] + [str(d) for d in fixed]
+            if not follow_version:  # validate/test have nothing to evaluate
+                raise MLMAdaptError(
+                    f"ckpt_path last: no last.ckpt in {', '.join(where)}; give the .ckpt path"
+                )
             rank_zero_info(f"mlm_adapt: ckpt_path last: no last.ckpt in {', '.join(where)}; new run")
             config.ckpt_path = None
             return
         config.ckpt_path = str(found)
         rank_zero_info(f"mlm_adapt: ckpt_path last: resuming {found}")
-    version = version_of(config.ckpt_path, roots[0]) if roots and versioned else None
+    version = version_of(config.ckpt_path, roots[0]) if roots and versioned and follow_version else None
     if version is None:
         return
     for args in versioned:

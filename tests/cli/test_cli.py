@@ -117,7 +117,7 @@ def test_error_empty_corpus(fit_args, tmp_path, capsys):
     empty = tmp_path / "blank.txt"
     empty.write_text("\n   \n\n", encoding="utf-8")
     message = fails_with(fit_args(f"--data.train_files=[{empty}]"), capsys)
-    assert "no text left after dropping empty lines" in message
+    assert f"data.train_files: {empty} is empty" in message
 
 
 def test_error_not_utf8_names_file_and_line(fit_args, tmp_path, capsys):

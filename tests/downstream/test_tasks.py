@@ -84,4 +84,4 @@ def test_bad_task_entries(tmp_path):
     assert "unknown key" in _bad({**task("s", sentiment_files(tmp_path)), "labels": "y"})
     message = _bad(task("s", sentiment_files(tmp_path), type="ranking"))
     assert message.startswith("downstream.tasks[1].type: 'ranking'; use sequence_classification, ")
-    assert "may not contain '/'" in _bad(task("a/b", sentiment_files(tmp_path)))
+    assert "cannot name metrics" in _bad(task("a/b", sentiment_files(tmp_path)))

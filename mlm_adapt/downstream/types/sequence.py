@@ -70,6 +70,7 @@ class SequenceClassification(TaskType):
             split.texts,
             split.pairs,
             truncation=True,
+        split_special_tokens=True,  # text is text, as in training (mlm_adapt.text.alignment)
             max_length=max_length,
             return_special_tokens_mask=True,
         )

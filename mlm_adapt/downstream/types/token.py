@@ -9,6 +9,8 @@ micro-averaged over entities (conlleval/seqeval); word ``accuracy`` is logged to
 
 from __future__ import annotations
 
+import re
+
 import datasets
 import torch
 from transformers import AutoModelForTokenClassification, PretrainedConfig, PreTrainedTokenizerBase
@@ -20,6 +22,9 @@ from mlm_adapt.downstream.spec import DownstreamTask, TaskSplit, task_key
 from mlm_adapt.downstream.types.base import Probe, TaskType, class_label, class_names
 from mlm_adapt.errors import MLMAdaptError
 
+# Tags entity-level F1 understands (BIO/IOB2): anything else would score 0 without a word.
+BIO_TAG = re.compile(r"O|[BI]-.+")
+
 
 def encode_words(
     tokenizer: PreTrainedTokenizerBase, words: list[list[str]], labels: list[list[int]], max_length: int
@@ -30,6 +35,7 @@ def encode_words(
         [list(w) for w in words],
         is_split_into_words=True,
         truncation=True,
+        split_special_tokens=True,  # text is text, as in training (mlm_adapt.text.alignment)
         max_length=max_length,
         return_overflowing_tokens=True,
         return_special_tokens_mask=True,
@@ -90,6 +96,12 @@ class TokenClassification(TaskType):
         # The "outside" tag first: index 0 is what words without a row position are predicted as.
         key, files = task_key(index, self.label_key), ", ".join(task.train_files)
         names = class_names(flat_train, flat_test, key, files, first="O")
+        wrong = [t for t in names if not BIO_TAG.fullmatch(t)]
+        if wrong:
+            raise MLMAdaptError(
+                f"{key}: tag {wrong[0]!r} in {files} is not BIO (O, B-TYPE, I-TYPE), so entity F1 would be "
+                "0; convert the tags (BIOES: S- to B-, E- to I-; IO: TYPE to I-TYPE)"
+            )
         index_of = {n: i for i, n in enumerate(names)}
         return names, *([[index_of[t] for t in tags] for tags in raw] for raw in (train, test))
 

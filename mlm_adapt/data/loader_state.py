@@ -1,0 +1,98 @@
+"""A stateful train loader whose saved position survives a change of ``data.num_workers``.
+
+torchdata's ``StatefulDataLoader`` stores its position in one of two layouts: single-process (``num_workers
+0``: the sampler state and the number of batches yielded) and multi-process (a ``_snapshot`` with one
+entry per worker). Loading one layout into a loader with the other fails ("State doesn't contain key
+'_snapshot'"), yet the number of workers is no property of the run: the batches are drawn by the sampler
+in the main process, and the workers of a map-style dataset hold no state. :func:`convert_loader_state`
+rewrites the saved layout for the current worker count; states with worker-held data (a streamed corpus:
+each worker reads its own share of the stream) cannot move between counts and are refused with one line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchdata.stateful_dataloader import StatefulDataLoader
+from typing_extensions import override
+
+from mlm_adapt.errors import MLMAdaptError
+
+SNAPSHOT = "_snapshot"
+# Main-process entries shared by both layouts.
+_MAIN_KEYS = (
+    "_sampler_iter_state",
+    "_index_sampler_state",
+    "_sampler_iter_yielded",
+    "_IterableDataset_len_called",
+    "_shared_seed",
+)
+
+
+def _saved_workers(state: dict[str, Any]) -> int:
+    return int(state[SNAPSHOT]["_main_snapshot"]["_num_workers"]) if SNAPSHOT in state else 0
+
+
+def _worker_states(state: dict[str, Any]) -> list[tuple[Any, Any]]:
+    if SNAPSHOT not in state:
+        return [(state.get("dataset_state"), state.get("fetcher_state"))]
+    workers = state[SNAPSHOT]["_worker_snapshots"].values()
+    return [(w.get("dataset_state"), w.get("fetcher_state")) for w in workers]
+
+
+def convert_loader_state(state: dict[str, Any], num_workers: int) -> dict[str, Any]:
+    """``state`` (of any worker count) in the layout of a loader with ``num_workers`` workers.
+
+    Raises:
+        MLMAdaptError: the saved workers hold data state (a streamed corpus) and the count changed.
+    """
+    saved = _saved_workers(state)
+    if saved == num_workers:
+        return state
+    if any(dataset is not None or fetcher is not None for dataset, fetcher in _worker_states(state)):
+        raise MLMAdaptError(
+            f"data.num_workers: the checkpoint's data position was saved with {saved} workers, each holding "
+            f"its share of the streamed corpus; resume with --data.num_workers={saved}"
+        )
+    if SNAPSHOT in state:
+        main = state[SNAPSHOT]["_main_snapshot"]
+        yielded = int(state[SNAPSHOT]["_snapshot_step"]) + int(state.get("_steps_since_snapshot", 0))
+    else:
+        main, yielded = state, int(state.get("_num_yielded", 0))
+    common = {key: main.get(key) for key in _MAIN_KEYS}
+    finished = bool(state.get("_iterator_finished", False))
+    if num_workers == 0:
+        return {
+            **common,
+            "_num_yielded": yielded,
+            "fetcher_state": None,
+            "dataset_state": None,
+            "_iterator_finished": finished,
+        }
+    workers = {
+        f"worker_{i}": {"worker_id": i, "dataset_state": None, "fetcher_state": None}
+        for i in range(num_workers)
+    }
+    return {
+        SNAPSHOT: {
+            "_snapshot_step": yielded,
+            # Workers take batches in turn: the next batch comes from the worker after the last one's.
+            "_last_yielded_worker_id": (yielded - 1) % num_workers,
+            "_main_snapshot": {
+                **common,
+                "_num_workers": num_workers,
+                "_base_seed": main.get("_base_seed", 0),
+            },
+            "_worker_snapshots": workers,
+        },
+        "_steps_since_snapshot": 0,
+        "_iterator_finished": finished,
+    }
+
+
+class WorkerCountFreeLoader(StatefulDataLoader):
+    """``StatefulDataLoader`` that loads a state saved with another ``num_workers`` (see the module)."""
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(convert_loader_state(state_dict, self.num_workers))

@@ -1,0 +1,146 @@
+"""Everything checkable is checked before work: the Hub repository id, ``export.monitor`` against what the
+run logs, a fit that trains no step. Each case is refused with one ``mlm_adapt: error:`` line, exit 2,
+before any step, checkpoint or export is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+from conftest import tiny_fit_args
+
+from mlm_adapt.cli.commands import main
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.export.options import check_repo_id
+from mlm_adapt.export.preflight import check_monitor, check_trains, logged_metrics
+
+
+def run_main(args: list[str], capsys) -> tuple[int, list[str]]:
+    """Exit code and the ``mlm_adapt: error:`` lines of stderr (progress output aside); the error, when
+    there is one, is the last line and no traceback precedes it."""
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if line.startswith("mlm_adapt: error:")]
+    assert "Traceback" not in err and (not lines or err.strip().splitlines()[-1] == lines[-1])
+    return info.value.code, lines
+
+
+def written(root: Path) -> list[str]:
+    """What a run left under ``root``, besides the datasets cache."""
+    if not root.exists():
+        return []
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if "hf_cache" not in p.parts)
+
+
+@pytest.fixture
+def corpus(tmp_path, review_texts) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(review_texts[:120]) + "\n", encoding="utf-8")
+    return path
+
+
+def fit_args(model_dir: Path, corpus: Path, root: Path, *extra: str) -> list[str]:
+    return ["fit", *tiny_fit_args(model_dir, corpus, root, f"--export.output_dir={root / 'export'}", *extra)]
+
+
+# ---------------------------------------------------------------- Hub repository id
+
+BAD_REPO_IDS = {"three_parts": "a/b/c", "parent_dirs": "../../etc", "space_and_bang": "me/bad name!"}
+
+
+@pytest.mark.parametrize("case", list(BAD_REPO_IDS), ids=list(BAD_REPO_IDS))
+def test_fit_refuses_a_bad_repo_id_before_training(case, tiny_model_dir, corpus, tmp_path, capsys):
+    root = tmp_path / "run"
+    repo_id = BAD_REPO_IDS[case]
+    args = fit_args(tiny_model_dir, corpus, root, "--export.push_to_hub=true", f"--export.repo_id={repo_id}")
+    code, lines = run_main(args, capsys)
+    assert code == 2 and len(lines) == 1
+    assert lines[0].startswith(f"mlm_adapt: error: export.repo_id={repo_id!r} is no Hub repository id")
+    assert written(root) == []
+
+
+def test_export_command_refuses_a_bad_repo_id(tmp_path, capsys):
+    args = ["export", "--ckpt_path", str(tmp_path / "x.ckpt"), "--output_dir", str(tmp_path / "out")]
+    code, lines = run_main([*args, "--push_to_hub", "true", "--repo_id", "a/b/c"], capsys)
+    assert code == 2 and len(lines) == 1 and "--repo_id='a/b/c' is no Hub repository id" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("repo_id", ["me/model", "org-1/chinese_bert.v2", "name"])
+def test_good_repo_ids_pass(repo_id):
+    check_repo_id(repo_id)
+
+
+# ---------------------------------------------------------------- export.monitor
+
+LOGGED = logged_metrics(
+    ["validation", "news"], [("sentiment", "sequence_classification"), ("ner", "token_classification")]
+)
+MONITOR_CASES = {
+    # name: (monitor, suggestion or None when accepted)
+    "val_loss": ("val/loss", None),
+    "named_set": ("val_news/perplexity", None),
+    "task_score": ("downstream/sentiment/macro_f1", None),
+    "ner_f1": ("downstream/ner/f1", None),
+    "train_loss": ("train/loss", None),
+    "own_callback_metric": ("custom/score", None),
+    "typo_los": ("val/los", "val/loss"),
+    "typo_vall": ("vall/loss", "val/loss"),
+    "unknown_set": ("val_new/loss", "val_news/loss"),
+    "unknown_task": ("downstream/sentimnet/macro_f1", "downstream/sentiment/macro_f1"),
+    "wrong_task_metric": ("downstream/ner/macro_f1", "downstream/ner/f1"),
+    "val_metric_not_logged": ("val/f1", None),
+}
+
+
+@pytest.mark.parametrize("case", list(MONITOR_CASES), ids=list(MONITOR_CASES))
+def test_monitor_is_checked_against_what_the_run_logs(case):
+    monitor, suggestion = MONITOR_CASES[case]
+    refused = suggestion is not None or case == "val_metric_not_logged"
+    if not refused:
+        check_monitor(monitor, LOGGED)
+        return
+    with pytest.raises(MLMAdaptError) as info:
+        check_monitor(monitor, LOGGED)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"export.monitor={monitor!r} is not a metric")
+    if suggestion:
+        assert f"did you mean {suggestion!r}?" in message
+
+
+def test_fit_refuses_a_monitor_typo_before_training(tiny_model_dir, corpus, tmp_path, capsys):
+    root = tmp_path / "run"
+    code, lines = run_main(fit_args(tiny_model_dir, corpus, root, "--export.monitor=val/los"), capsys)
+    assert code == 2 and len(lines) == 1 and "did you mean 'val/loss'?" in lines[0]
+    assert not any(name.endswith((".ckpt", "metrics.csv")) for name in written(root))
+    assert not (root / "export").exists()
+
+
+# ---------------------------------------------------------------- a fit that trains nothing
+
+NO_TRAINING = {
+    "max_steps_0": {"max_steps": 0},
+    "max_epochs_0": {"max_epochs": 0},
+    "limit_train_batches_0": {"limit_train_batches": 0},
+}
+
+
+@pytest.mark.parametrize("case", list(NO_TRAINING), ids=list(NO_TRAINING))
+def test_a_fit_without_steps_is_refused_when_it_exports(case):
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, **NO_TRAINING[case])
+    with pytest.raises(MLMAdaptError, match="trains no step, so the export would be the base model's"):
+        check_trains(trainer)
+
+
+def test_a_fit_with_steps_passes():
+    check_trains(L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, max_steps=1))
+
+
+def test_fit_max_steps_0_exports_nothing(tiny_model_dir, corpus, tmp_path, capsys):
+    root = tmp_path / "run"
+    code, lines = run_main(fit_args(tiny_model_dir, corpus, root, "--trainer.max_steps=0"), capsys)
+    assert code == 2 and len(lines) == 1
+    assert lines[0].startswith("mlm_adapt: error: trainer.max_steps=0 trains no step")
+    assert not (root / "export").exists()

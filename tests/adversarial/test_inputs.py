@@ -1,0 +1,263 @@
+"""Adversarial inputs: corpus, task, dictionary and metrics files that used to give a traceback, an empty
+reason or a wrong key, literal special-token text, and validation sets that overlap the training data.
+
+Each case ends in one ``MLMAdaptError`` line naming the file or key (or, for warnings, one warning line).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from conftest import make_datamodule
+
+from mlm_adapt.cli.commands import main
+from mlm_adapt.data.validation_sets import overlap_messages
+from mlm_adapt.downstream import load_task
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.text.alignment import control_ids
+from mlm_adapt.text.segment import Segmenter, read_user_dict
+from mlm_adapt.text.tokens import tokenize_with_word_ids
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from families import FAMILIES, family_dir  # noqa: E402
+
+
+def one_line(exc_info: pytest.ExceptionInfo) -> str:
+    message = str(exc_info.value)
+    assert message and "\n" not in message
+    return message
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------- corpus files
+
+
+CORPUS_CASES = {
+    # name: (file name, content, extra datamodule args, expected fragment)
+    "empty_txt": ("empty.txt", "", {}, "empty.txt is empty"),
+    "whitespace_txt": ("blank.txt", "\n \n\t\n", {}, "blank.txt is empty"),
+    "empty_jsonl": ("empty.jsonl", "", {}, "empty.jsonl is empty"),
+    "empty_csv": ("empty.csv", "", {}, "empty.csv is empty"),
+    "one_document": ("one.txt", "只有一篇文档，没有验证集。\n", {}, "holds 1 document, too few to hold out"),
+    "split_zero": (
+        "two.txt",
+        "第一篇文档。\n第二篇文档。\n",
+        {"validation_split": 0.0},
+        "need validation data",
+    ),
+    "seq_too_short": (
+        "ok.txt",
+        "文档。\n" * 20,
+        {"max_seq_length": 4},
+        "model.max_seq_length=4 is too short",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CORPUS_CASES), ids=list(CORPUS_CASES))
+def test_corpus_file_errors_are_one_line_naming_the_file(case, tiny_model_dir, tmp_path):
+    name, content, extra, expected = CORPUS_CASES[case]
+    corpus = tmp_path / name
+    corpus.write_text(content, encoding="utf-8")
+    with pytest.raises(MLMAdaptError) as info:
+        datamodule = make_datamodule(tiny_model_dir, corpus, tmp_path, **extra)
+        datamodule.setup("fit")
+    message = one_line(info)
+    assert expected in message
+    assert "An error occurred while generating the dataset" not in message
+    assert not message.rstrip().endswith(":")
+
+
+# ---------------------------------------------------------------- task files
+
+
+def _ner_rows(tag_of: dict[str, str]) -> list[dict]:
+    words = [("北", "京"), ("张", "三"), ("的",), ("上", "海")]
+    rows = []
+    for i in range(12):
+        tokens, tags = [], []
+        for word in words[i % 4 :] + words[: i % 4]:
+            kind = "LOC" if word[0] in "北上" else "PER" if word[0] == "张" else None
+            for j, ch in enumerate(word):
+                tokens.append(ch)
+                tags.append("O" if kind is None else tag_of["B" if j == 0 else "I"] + kind)
+        rows.append({"tokens": tokens, "tags": tags})
+    return rows
+
+
+def _sentiment(path: Path) -> Path:
+    return write_jsonl(
+        path, [{"text": f"第{i}条评论", "label": "pos" if i % 2 else "neg"} for i in range(10)]
+    )
+
+
+def _task(tmp_path: Path, case: str) -> dict:
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    entry = {"name": "sentiment", "train_files": [str(train)], "test_files": [str(test)]}
+    if case == "empty_train_file":
+        train.write_text("", encoding="utf-8")
+        _sentiment(test)
+    elif case == "blank_test_file":
+        _sentiment(train)
+        test.write_text("\n\n", encoding="utf-8")
+    elif case in ("bioes_tags", "io_tags"):
+        tag_of = {"B": "S-", "I": "E-"} if case == "bioes_tags" else {"B": "", "I": ""}
+        write_jsonl(train, _ner_rows(tag_of))
+        write_jsonl(test, _ner_rows(tag_of))
+        entry["type"] = "token_classification"
+    else:
+        _sentiment(train)
+        _sentiment(test)
+        entry["name"] = {"newline_name": "senti\nment", "pipe_name": "a|b", "space_name": "my task"}[case]
+    return entry
+
+
+TASK_CASES = {
+    "empty_train_file": "train.jsonl is empty",
+    "blank_test_file": "test.jsonl is empty",
+    "bioes_tags": "is not BIO (O, B-TYPE, I-TYPE)",
+    "io_tags": "is not BIO (O, B-TYPE, I-TYPE)",
+    "newline_name": "cannot name metrics, log lines and model-card rows",
+    "pipe_name": "cannot name metrics, log lines and model-card rows",
+    "space_name": "cannot name metrics, log lines and model-card rows",
+}
+
+
+@pytest.mark.parametrize("case", list(TASK_CASES), ids=list(TASK_CASES))
+def test_task_file_errors_are_one_line(case, tmp_path):
+    with pytest.raises(MLMAdaptError) as info:
+        load_task(_task(tmp_path, case), 0)
+    message = one_line(info)
+    assert message.startswith("downstream.tasks[0].") and TASK_CASES[case] in message
+
+
+def test_bio_task_and_unicode_task_name_still_load(tmp_path):
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    write_jsonl(train, _ner_rows({"B": "B-", "I": "I-"}))
+    write_jsonl(test, _ner_rows({"B": "B-", "I": "I-"}))
+    entry = {"name": "命名实体_v1.0", "train_files": [str(train)], "test_files": [str(test)]}
+    loaded = load_task({**entry, "type": "token_classification"}, 0)
+    assert loaded.label_names[0] == "O" and "B-LOC" in loaded.label_names
+
+
+# ---------------------------------------------------------------- user dictionary and plot
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [("术语 100000000000000000000000000", "line 2: frequency 1000"), ("术语 12abc", "is not an integer")],
+    ids=["frequency_1e26", "frequency_not_integer"],
+)
+def test_user_dictionary_frequency(line, expected, tmp_path):
+    path = tmp_path / "dict.txt"
+    path.write_text(f"正常词 10\n{line}\n", encoding="utf-8")
+    with pytest.raises(MLMAdaptError) as info:
+        read_user_dict(path)
+    message = one_line(info)
+    assert message.startswith(f"data.user_dict: {path} line 2") and expected in message
+
+
+def test_user_dictionary_large_but_sane_frequency_segments(tmp_path):
+    path = tmp_path / "dict.txt"
+    path.write_text("领域术语 1000000000000\n", encoding="utf-8")
+    assert "领域术语" in Segmenter(user_dict=str(path))("这是领域术语。")
+
+
+PLOT_CASES = {
+    "empty_csv": ("", "it is empty"),
+    "header_only": ("epoch,step,train/loss\n", "has a header but no rows"),
+    "binary_garbage": ("\x00\xff\xfe garbage", "is not a readable CSV file"),
+}
+
+
+@pytest.mark.parametrize("case", list(PLOT_CASES), ids=list(PLOT_CASES))
+def test_plot_on_unusable_metrics_csv_is_one_line(case, tmp_path, capsys):
+    content, expected = PLOT_CASES[case]
+    metrics = tmp_path / "metrics.csv"
+    metrics.write_bytes(content.encode("latin-1"))
+    with pytest.raises(SystemExit) as info:
+        main(["plot", str(metrics), "--output", str(tmp_path / "curves.png")])
+    assert info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mlm_adapt: error: plot:") and expected in lines[0]
+    assert not (tmp_path / "curves.png").exists()
+
+
+# ---------------------------------------------------------------- literal special-token text
+
+SPECIAL_TEXT = "北京[MASK]你好<mask>世界<s>[CLS]文本</s>[SEP]<pad>结束"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_special_token_text_is_text_for_every_family(family):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(family_dir(family))
+    out = tokenize_with_word_ids([SPECIAL_TEXT, "普通的句子。"], tokenizer, Segmenter())
+    ids = out["input_ids"][0]
+    assert not control_ids(tokenizer) & set(ids), tokenizer.convert_ids_to_tokens(ids)
+    assert len(ids) == len(out["word_ids"][0])
+    # The characters of the literal strings are all there, as ordinary pieces.
+    pieces = "".join(tokenizer.convert_ids_to_tokens(ids)).replace("##", "").lower()
+    for fragment in ("mask", "cls", "sep", "pad"):
+        assert fragment in pieces
+    # Text without special-token strings is exactly the tokenizer's own tokenization.
+    assert out["input_ids"][1] == tokenizer("普通的句子。", add_special_tokens=False)["input_ids"]
+
+
+# ---------------------------------------------------------------- validation overlap
+
+
+def _docs(lines: list[str]):
+    import datasets
+
+    return datasets.Dataset.from_dict({"text": lines})
+
+
+TRAIN_LINES = [f"训练文档第{i}篇，内容足够长。" for i in range(50)]
+OTHER_LINES = [f"验证文档第{i}篇，内容不同。" for i in range(20)]
+OVERLAP_CASES = {
+    "same_file": ("train", TRAIN_LINES, "is also training data"),
+    "identical_lines": (
+        "other",
+        TRAIN_LINES[:5] + [f"验证文档第{i}篇，内容不同。" for i in range(20)],
+        "5 of 25",
+    ),
+    "disjoint": ("other", [f"验证文档第{i}篇，内容不同。" for i in range(20)], None),
+    "short_repeats_ignored": ("other", ["好评", "谢谢"], None),
+}
+
+
+@pytest.mark.parametrize("case", list(OVERLAP_CASES), ids=list(OVERLAP_CASES))
+def test_validation_overlap_warning(case, tmp_path):
+    which, lines, expected = OVERLAP_CASES[case]
+    train_file = tmp_path / "train.txt"
+    other = tmp_path / "val.txt"
+    files = [str(train_file)] if which == "train" else [str(other)]
+    messages = overlap_messages(
+        _docs(TRAIN_LINES), [str(train_file)], {"data.validation_files": (files, _docs(lines))}
+    )
+    if expected is None:
+        assert messages == []
+    else:
+        assert len(messages) == 1 and "\n" not in messages[0] and expected in messages[0]
+        assert messages[0].startswith("data.validation_files:")
+
+
+def test_validation_file_equal_to_training_file_warns_once_through_the_datamodule(tiny_model_dir, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TRAIN_LINES) + "\n", encoding="utf-8")
+    datamodule = make_datamodule(tiny_model_dir, corpus, tmp_path, validation_files=[str(corpus)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        datamodule.setup("fit")
+    overlap = [str(w.message) for w in caught if "also training data" in str(w.message)]
+    assert len(overlap) == 1 and overlap[0].startswith("mlm_adapt: data.validation_files:")
