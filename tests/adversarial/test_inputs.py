@@ -205,10 +205,14 @@ def test_special_token_text_is_text_for_every_family(family):
     ids = out["input_ids"][0]
     assert not control_ids(tokenizer) & set(ids), tokenizer.convert_ids_to_tokens(ids)
     assert len(ids) == len(out["word_ids"][0])
-    # The characters of the literal strings are all there, as ordinary pieces.
+    # The characters of the literal strings are all there, as ordinary pieces (where the tiny vocabulary
+    # has every letter of the word: which Latin letters a 600-review vocabulary keeps is not fixed).
     pieces = "".join(tokenizer.convert_ids_to_tokens(ids)).replace("##", "").lower()
+    unknown = {tokenizer.unk_token_id}
     for fragment in ("mask", "cls", "sep", "pad"):
-        assert fragment in pieces
+        spelled = tokenizer(list(fragment), is_split_into_words=True, add_special_tokens=False)["input_ids"]
+        if not unknown & set(spelled):
+            assert fragment in pieces
     # Text without special-token strings is exactly the tokenizer's own tokenization.
     assert out["input_ids"][1] == tokenizer("普通的句子。", add_special_tokens=False)["input_ids"]
 
