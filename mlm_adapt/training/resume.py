@@ -28,7 +28,7 @@ from typing_extensions import override
 
 from mlm_adapt.data.fingerprint import corpus_fingerprint
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.model.safe_load import load_weights_only
+from mlm_adapt.guard.loads import load_weights_only
 from mlm_adapt.training.resume_lookup import CORPUS_KEY, conflict_message, resume_conflicts
 
 # The temp files of AtomicCheckpointIO (and of its mkstemp-based predecessor): ".<name>.ckpt.<token>.tmp".
@@ -77,7 +77,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     so a reader sees either the old or the new checkpoint, never a partial one. Remote URLs (``s3://``, ...)
     keep Lightning's behaviour: object-store uploads are already all-or-nothing. Files get the user's umask;
     temp files of an earlier killed write are deleted at the first save into their directory. Local
-    checkpoints are read weights-only (:func:`~mlm_adapt.model.safe_load.load_weights_only`).
+    checkpoints are read weights-only (:func:`~mlm_adapt.guard.loads.load_weights_only`).
     """
 
     def __init__(self) -> None:
