@@ -220,4 +220,4 @@ def fill_mask(
 
 def fill_mask_main(args: list[str]) -> None:
     """``python -m mlm_adapt fill-mask``."""
-    auto_cli(fill_mask, args=args, prog="python -m mlm_adapt fill-mask")
+    auto_cli(fill_mask, args=args, prog="python -m mlm_adapt fill-mask", exit_on_error=False)
