@@ -27,6 +27,7 @@ import torch
 from lightning.fabric.utilities.load import _METADATA_FILENAME
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -210,6 +211,18 @@ def check_sharded_metadata(path: str | Path, key: str = "--ckpt_path") -> None:
             raise _refusal(metadata_file, key, exc) from None
 
 
+def _wrapped_refusal(exc: BaseException) -> MLMAdaptError | None:
+    """The :class:`MLMAdaptError` a sharded load raised, also where torch wrapped it (``CheckpointException``
+    keeps each rank's failure in ``failures``)."""
+    if isinstance(exc, MLMAdaptError):
+        return exc
+    for failure in (getattr(exc, "failures", None) or {}).values():
+        inner = failure[0] if isinstance(failure, tuple) else failure  # (exception, stack summary)
+        if isinstance(inner, MLMAdaptError):
+            return inner
+    return None
+
+
 def load_sharded(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any]:
     """An FSDP sharded checkpoint directory as one full dictionary, read without running code.
 
@@ -228,9 +241,10 @@ def load_sharded(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any]:
         _load_state_dict(
             checkpoint, storage_reader=FileSystemReader(path), planner=_WeightsOnlyPlanner(path), no_dist=True
         )
-    except MLMAdaptError:
-        raise
-    except Exception as exc:  # torch wraps a shard's failure (missing, truncated) in CheckpointException
+    except (Exception, CheckpointException) as exc:  # torch wraps a shard's failure (a BaseException)
+        refused = _wrapped_refusal(exc)
+        if refused is not None:
+            raise refused from None
         raise MLMAdaptError(
             f"{key}: cannot read the shards of {path}: damaged sharded checkpoint ({_first_safe_line(exc)})"
         ) from None
