@@ -118,11 +118,12 @@ class StopOnSignal(L.Callback):
         # Before Lightning registers its own SIGTERM handler, which then calls this one too.
         if stage != "fit" or threading.current_thread() is not threading.main_thread():
             return
-        signals = [signal.SIGTERM]
-        if not lightning_requeues(trainer):  # else Lightning's SLURM handler saves hpc_ckpt and requeues
-            signals.append(requeue_signal(trainer))
-        for signum in signals:
-            self._previous[signum] = signal.signal(signum, _record)
+        handlers: dict[int, Any] = {signal.SIGTERM: _record}
+        # Under Lightning's SLURM auto-requeue its own handler saves hpc_ckpt and requeues; it registers only
+        # where no handler is set, so the CLI's is taken away for the run.
+        handlers[requeue_signal(trainer)] = signal.SIG_DFL if lightning_requeues(trainer) else _record
+        for signum, handler in handlers.items():
+            self._previous[signum] = signal.signal(signum, handler)
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
