@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -15,6 +16,7 @@ from mlm_adapt.data import MLMDataModule
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
+from mlm_adapt.guard.loads import load_weights_only
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.model.checkpoints import checkpoint_metadata
 from mlm_adapt.training import default_callbacks
@@ -65,6 +67,16 @@ class MLMAdaptCLI(LightningCLI):
         parser.add_lightning_class_args(HFExport, "export")
         # ``downstream:`` in YAML: labelled tasks scored at step 0 and every validation (none by default).
         parser.add_lightning_class_args(DownstreamEvaluation, "downstream")
+
+    @override
+    def _parse_ckpt_path(self) -> None:
+        # Lightning reads the checkpoint's hyper-parameters here with a bare torch.load, whose refusals
+        # advise weights_only=False: the guarded load names the file and the reason first.
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and Path(ckpt_path).is_file():
+            load_weights_only(ckpt_path, key="--ckpt_path", mmap=True)
+        super()._parse_ckpt_path()
 
     @override
     def before_instantiate_classes(self) -> None:
