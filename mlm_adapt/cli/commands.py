@@ -76,7 +76,7 @@ def stop_signals(active: bool) -> Iterator[None]:
         yield
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    STOP.__init__()
+    STOP.reset()
     install_stop_handlers()
     try:
         yield

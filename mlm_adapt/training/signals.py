@@ -36,6 +36,10 @@ class StopState:
     """The stop signal received by this process (shared by the handlers, the callback and the CLI)."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """No signal yet (each command starts so, also several in one process)."""
         self.signum: int | None = None
         self.checkpoint: Path | None = None
         self.step: int | None = None
