@@ -124,7 +124,9 @@ def pretrained_masked_lm(name: str, key: str, **kwargs: Any) -> PreTrainedModel:
         check_weight_files(directory, key)
     try:
         return AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=TRUST_REMOTE_CODE, **kwargs)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, ValueError) and "trust_remote_code" not in str(exc):
+            raise
         raise MLMAdaptError(f"{key}: cannot load a masked LM from {name!r}: {_one_line(exc)}") from None
 
 
