@@ -7,8 +7,10 @@ imports it): their exception classes are recognised by name.
 
 from __future__ import annotations
 
+import argparse
 import errno
 import os
+import re
 from collections.abc import Iterator
 from types import TracebackType
 
@@ -117,6 +119,20 @@ def _first_line(text: str) -> str:
     return text.strip()
 
 
+# A parser error is folded onto one line; jsonargparse's nested class errors can run to dozens of lines.
+MAX_PARSER_MESSAGE = 400
+
+
+def parser_message(exc: BaseException) -> str | None:
+    """A command-line parser error (argparse/jsonargparse ``ArgumentError``) as one line, else ``None``."""
+    if not isinstance(exc, argparse.ArgumentError):
+        return None
+    text = re.sub(r"\s+", " ", str(exc)).strip() or "invalid arguments"
+    if len(text) > MAX_PARSER_MESSAGE:
+        text = text[: MAX_PARSER_MESSAGE - 3].rstrip() + "..."
+    return text
+
+
 def user_message(exc: BaseException) -> tuple[str, int] | None:
     """The one line (and exit status) the CLI prints for ``exc``, or ``None`` if it is a bug (traceback).
 
@@ -126,6 +142,9 @@ def user_message(exc: BaseException) -> tuple[str, int] | None:
     the user's doing and keeps its traceback.
     """
     names = _type_names(exc)
+    parsed = parser_message(exc)
+    if parsed is not None:
+        return parsed, 2
     if isinstance(exc, MLMAdaptError):
         return _first_line(str(exc)), 2
     if is_disk_full(exc):

@@ -1,11 +1,21 @@
-"""``python -m mlm_adapt COMMAND``: one registry of commands, used for dispatch and for ``--help``."""
+"""``python -m mlm_adapt COMMAND``: one registry of commands, used for dispatch and for ``--help``.
+
+Also the one error boundary: every user error -- a parser error, an :class:`MLMAdaptError`, a Lightning
+misconfiguration -- is one ``mlm_adapt: error: ...`` line and status 2 (``--debug`` keeps the traceback); a
+stop signal during ``fit`` is one line and ``128 + signal`` (see :mod:`mlm_adapt.training.signals`).
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
+
+import jsonargparse
+import yaml
 
 from mlm_adapt.cli.export import export_main
 from mlm_adapt.cli.fill_mask import fill_mask_main
@@ -13,7 +23,16 @@ from mlm_adapt.cli.fit import MLMAdaptCLI
 from mlm_adapt.cli.plot import plot_main
 from mlm_adapt.cli.preview import preview_main
 from mlm_adapt.cli.vocab import vocab_main
-from mlm_adapt.errors import DEBUG_ENV, DEBUG_HINT, MLMAdaptError, debug_enabled, user_message
+from mlm_adapt.errors import (
+    DEBUG_ENV,
+    DEBUG_HINT,
+    MLMAdaptError,
+    debug_enabled,
+    parser_message,
+    user_message,
+)
+from mlm_adapt.guard.yaml_limits import bounded_loader
+from mlm_adapt.training.signals import STOP, install_stop_handlers
 
 
 class Command(NamedTuple):
@@ -42,10 +61,51 @@ def description() -> str:
     )
 
 
-def _run(entry: Callable[[list[str]], object], args: list[str]) -> None:
-    if debug_enabled():
-        entry(args)  # every exception with its traceback
+def bound_yaml() -> None:
+    """Every YAML jsonargparse loads (``--config`` files, values) is refused past an alias-expansion limit."""
+    current = jsonargparse.get_loader("yaml")
+    if not getattr(current, "bounded", False):
+        # The exceptions jsonargparse expects from its YAML loader (it then treats the value as a string).
+        jsonargparse.set_loader("yaml", bounded_loader(current), exceptions=(yaml.YAMLError,))
+
+
+@contextmanager
+def stop_signals(active: bool) -> Iterator[None]:
+    """SIGTERM/SIGUSR1 end the command with ``128 + signal`` (during training: after a checkpoint)."""
+    if not active:
+        yield
         return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    STOP.reset()
+    install_stop_handlers()
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def _stopped() -> None:
+    print(f"mlm_adapt: error: {STOP.summary()}", file=sys.stderr)
+    sys.exit(STOP.exit_code)
+
+
+def _run(entry: Callable[[list[str]], object], args: list[str], usage: str, training: bool = False) -> None:
+    with stop_signals(training):
+        try:
+            if debug_enabled():
+                entry(args)  # every exception with its traceback
+            else:
+                _report_user_errors(entry, args, usage)
+        except SystemExit:
+            if STOP.signum is None:
+                raise  # --help, or an exit already reported
+            _stopped()
+        if STOP.signum is not None:  # a signal during the export after training, say
+            _stopped()
+
+
+def _report_user_errors(entry: Callable[[list[str]], object], args: list[str], usage: str) -> None:
     try:
         entry(args)
     except Exception as exc:
@@ -53,7 +113,12 @@ def _run(entry: Callable[[list[str]], object], args: list[str]) -> None:
         if translated is None:
             raise  # not the user's doing: the traceback is the bug report
         message, code = translated
-        hint = "" if isinstance(exc, MLMAdaptError) else f" ({DEBUG_HINT})"
+        if parser_message(exc) is not None:
+            hint = f" ({' '.join(['python -m mlm_adapt', *usage.split(), '--help'])} for usage)"
+        elif isinstance(exc, MLMAdaptError):
+            hint = ""
+        else:
+            hint = f" ({DEBUG_HINT})"
         print(f"mlm_adapt: error: {message}{hint}", file=sys.stderr)
         sys.exit(code)
 
@@ -76,11 +141,13 @@ def main(args: list[str] | None = None) -> None:
         args = [a for a in args if a != "--debug"]
         if from_argv:
             sys.argv[1:] = args  # LightningCLI parses sys.argv itself (see _fit_cli)
+    bound_yaml()
     if args and args[0] in COMMANDS:
         if from_argv:
             # The command gets its arguments explicitly; the LightningCLI-based ones (preview, vocab) would
             # otherwise warn that sys.argv holds arguments as well.
             sys.argv[1:] = []
-        _run(COMMANDS[args[0]].run, args[1:])
+        _run(COMMANDS[args[0]].run, args[1:], usage=args[0])
     else:
-        _run(_fit_cli, args)
+        trainer_command = args[0] if args and args[0] in MLMAdaptCLI.subcommands() else ""
+        _run(_fit_cli, args, usage=trainer_command, training=trainer_command == "fit")

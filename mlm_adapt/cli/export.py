@@ -51,7 +51,9 @@ def bare_flags(args: list[str], options: type) -> list[str]:
 def export_main(args: list[str]) -> None:
     """Parses the options, exports, and prints the files, the reload check and the before/after table."""
     parser = ArgumentParser(
-        prog="python -m mlm_adapt export", description=ExportCommand.__doc__.split("\n")[0]
+        prog="python -m mlm_adapt export",
+        description=ExportCommand.__doc__.split("\n")[0],
+        exit_on_error=False,
     )
     parser.add_class_arguments(ExportCommand)
     command = ExportCommand(**parser.parse_args(bare_flags(args, ExportCommand)).as_dict())

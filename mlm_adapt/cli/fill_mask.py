@@ -14,9 +14,11 @@ from typing import Literal
 import torch
 import transformers
 from jsonargparse import auto_cli
-from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from mlm_adapt.errors import MLMAdaptError, check_model_path
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.guard.loads import is_sharded_checkpoint
+from mlm_adapt.guard.pretrained import pretrained_masked_lm, pretrained_tokenizer
 from mlm_adapt.model.checkpoints import load_checkpoint, module_from_checkpoint, tokenizer_for
 from mlm_adapt.text.vocabulary import join_pieces, piece_text
 
@@ -45,15 +47,13 @@ class WordFilling:
 def load_for_inference(model: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Loads a Hugging Face directory (or Hub name) or a Lightning checkpoint (file or FSDP shard dir)."""
     path = Path(model)
-    if path.suffix == ".ckpt" or (path.is_dir() and not (path / "config.json").is_file()):
+    if path.suffix == ".ckpt" or is_sharded_checkpoint(path) or path.is_file():
         checkpoint = load_checkpoint(path, key="--model")
         module = module_from_checkpoint(checkpoint, key="--model")
         return module.model.eval(), tokenizer_for(checkpoint)
-    check_model_path(model, "--model")
-    try:
-        return AutoModelForMaskedLM.from_pretrained(model).eval(), AutoTokenizer.from_pretrained(model)
-    except Exception as exc:
-        raise MLMAdaptError(f"--model: cannot load a masked LM from {model!r}: {exc}") from exc
+    # The tokenizer first: it is the cheaper of the two to find missing.
+    tokenizer = pretrained_tokenizer(model, "--model")
+    return pretrained_masked_lm(model, "--model").eval(), tokenizer
 
 
 def _mask_runs(positions: list[int]) -> list[list[int]]:
@@ -220,4 +220,4 @@ def fill_mask(
 
 def fill_mask_main(args: list[str]) -> None:
     """``python -m mlm_adapt fill-mask``."""
-    auto_cli(fill_mask, args=args, prog="python -m mlm_adapt fill-mask")
+    auto_cli(fill_mask, args=args, prog="python -m mlm_adapt fill-mask", exit_on_error=False)

@@ -51,6 +51,8 @@ class MLMAdaptCLI(LightningCLI):
         # Persistent callbacks (appended to any configured ones): exact resume, global batch summary and the
         # before/after validation.
         kwargs.setdefault("trainer_defaults", {"callbacks": default_callbacks()})
+        # Parser errors are raised (ArgumentError), for the CLI's one-line error boundary to report.
+        kwargs["parser_kwargs"] = {"exit_on_error": False, **kwargs["parser_kwargs"]}
         super().__init__(MaskedLMModule, MLMDataModule, *args, **kwargs)
 
     @staticmethod

@@ -122,4 +122,4 @@ def plot(run_dir: str, output: str | None = None, title: str | None = None) -> N
 
 def plot_main(args: list[str]) -> None:
     """``python -m mlm_adapt plot RUN_DIR [--output PNG] [--title T]``."""
-    auto_cli(plot, args=args, prog="python -m mlm_adapt plot")
+    auto_cli(plot, args=args, prog="python -m mlm_adapt plot", exit_on_error=False)

@@ -9,11 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import CONFIG_FILENAME, ExportInfo, render_model_card
 from mlm_adapt.guard.outputs import Output, write_directory
+from mlm_adapt.guard.pretrained import pretrained_masked_lm, pretrained_tokenizer
 
 __all__ = ["probe_batch", "verify_export", "write_export"]
 
@@ -46,8 +47,8 @@ def verify_export(
     """
     name = name or directory
     param = next(model.parameters())
-    reloaded = AutoModelForMaskedLM.from_pretrained(directory, dtype=param.dtype).to(param.device).eval()
-    reloaded_tokenizer = AutoTokenizer.from_pretrained(directory)
+    reloaded = pretrained_masked_lm(str(directory), "export", dtype=param.dtype).to(param.device).eval()
+    reloaded_tokenizer = pretrained_tokenizer(str(directory), "export")
     batch, reloaded_batch = probe_batch(tokenizer), probe_batch(reloaded_tokenizer)
     if not torch.equal(batch["input_ids"], reloaded_batch["input_ids"]):
         raise MLMAdaptError(

@@ -11,8 +11,13 @@ from lightning.pytorch.utilities.consolidate_checkpoint import _format_checkpoin
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError, check_model_path
+from mlm_adapt.guard.loads import (
+    check_sharded_metadata,
+    is_sharded_checkpoint,
+    load_sharded,
+    load_weights_only,
+)
 from mlm_adapt.model.module import MaskedLMModule
-from mlm_adapt.model.safe_load import check_sharded_metadata, load_sharded, load_weights_only
 from mlm_adapt.text.tokenizer import load_tokenizer
 
 
@@ -32,14 +37,17 @@ def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any
     if not path.exists():
         raise MLMAdaptError(f"{key}: {path} does not exist; give a .ckpt file the trainer wrote")
     if path.is_dir():
-        if (path / _METADATA_FILENAME).is_file():
+        if is_sharded_checkpoint(path):
             return _format_checkpoint(load_sharded(path, key))
         if (path / "latest").is_file() or (path / "checkpoint").is_dir():
             raise MLMAdaptError(
                 f"{key}: {path} is a DeepSpeed checkpoint; make it one file first with lightning.pytorch."
                 "utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict(DIR, FILE.ckpt)"
             )
-        raise MLMAdaptError(f"{key}: {path} is a directory without {_METADATA_FILENAME}; give a .ckpt file")
+        raise MLMAdaptError(
+            f"{key}: {path} is a directory but neither a checkpoint (no .metadata: not FSDP shards) nor, "
+            "having no config.json, a Hugging Face model directory; give a .ckpt file the trainer wrote"
+        )
     checkpoint = load_weights_only(path, key)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise MLMAdaptError(f"{key}: {path} has no 'state_dict'; give a checkpoint written by the trainer")
@@ -56,6 +64,8 @@ def checkpoint_metadata(path: str | Path, key: str = "ckpt_path") -> dict[str, A
     if not path.exists():
         raise MLMAdaptError(f"{key}: {path} does not exist; give a .ckpt file the trainer wrote")
     if path.is_dir():
+        if not is_sharded_checkpoint(path):
+            raise MLMAdaptError(f"{key}: {path} is a directory, not a checkpoint (no .metadata, no meta.pt)")
         check_sharded_metadata(path, key)
         meta = path / _METADATA_FILENAME
         return load_weights_only(meta, key) if meta.is_file() else {}

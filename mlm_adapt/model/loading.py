@@ -6,10 +6,11 @@ from collections.abc import Sequence
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from transformers import AutoConfig, AutoModelForMaskedLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForMaskedLM, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
 
-from mlm_adapt.errors import MLMAdaptError, check_model_path
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.guard.pretrained import TRUST_REMOTE_CODE, pretrained_config, pretrained_masked_lm
 from mlm_adapt.text.tokenizer import extend_tokenizer
 
 _CAUSAL_SUFFIXES = ("LMHeadModel", "ForCausalLM")
@@ -27,11 +28,7 @@ def load_masked_lm(
             the default (with an info line) for a model class without SDPA support (DeBERTa-v2).
     """
     key = "model.model_name_or_path"
-    check_model_path(model_name_or_path, key)
-    try:
-        config = AutoConfig.from_pretrained(model_name_or_path)
-    except Exception as exc:
-        raise MLMAdaptError(f"{key}: cannot load a model config from {model_name_or_path!r}: {exc}") from exc
+    config = pretrained_config(model_name_or_path, key)
     architectures = config.architectures or []
     if getattr(config, "is_decoder", False) or any(a.endswith(_CAUSAL_SUFFIXES) for a in architectures):
         raise MLMAdaptError(
@@ -49,10 +46,12 @@ def load_masked_lm(
         attn_implementation = None
     try:
         if pretrained:
-            return AutoModelForMaskedLM.from_pretrained(
-                model_name_or_path, config=config, attn_implementation=attn_implementation
+            return pretrained_masked_lm(
+                model_name_or_path, key, config=config, attn_implementation=attn_implementation
             )
-        return AutoModelForMaskedLM.from_config(config, attn_implementation=attn_implementation)
+        return AutoModelForMaskedLM.from_config(
+            config, attn_implementation=attn_implementation, trust_remote_code=TRUST_REMOTE_CODE
+        )
     except ValueError as exc:
         if "Unrecognized configuration class" in str(exc):
             raise MLMAdaptError(

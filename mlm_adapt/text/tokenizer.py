@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
-from mlm_adapt.errors import MLMAdaptError, check_model_path
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.guard.pretrained import pretrained_tokenizer
 
 
 def read_new_tokens(path: str | Path) -> list[str]:
@@ -46,11 +47,7 @@ def load_tokenizer(
         new_tokens_file: Tokens added to the vocabulary, one per line (``model.new_tokens_file``).
         key: The option that named ``name_or_path``, for error messages.
     """
-    check_model_path(name_or_path, key)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    except Exception as exc:
-        raise MLMAdaptError(f"{key}: cannot load a tokenizer from {name_or_path!r}: {exc}") from exc
+    tokenizer = pretrained_tokenizer(name_or_path, key)
     if new_tokens_file:
         extend_tokenizer(tokenizer, read_new_tokens(new_tokens_file))
     return tokenizer

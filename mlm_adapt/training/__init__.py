@@ -8,16 +8,17 @@ from mlm_adapt.training.baseline import BeforeAfterValidation
 from mlm_adapt.training.forgetting import ForgettingWarning
 from mlm_adapt.training.resume import ExactResume
 from mlm_adapt.training.scale import GlobalBatchInfo
+from mlm_adapt.training.signals import StopOnSignal
 
 
 def default_callbacks() -> list[L.Callback]:
     """Callbacks the CLI always adds (persistent ``trainer_defaults``): before/after, resume, scale and the
-    forgetting warning (active when ``data.forgetting_warning`` is set).
+    forgetting warning (active when ``data.forgetting_warning`` is set), and the checkpoint on SIGTERM.
 
     ``BeforeAfterValidation`` comes before ``ExactResume``: its step-0 validation runs in the first
     ``on_train_batch_start``, and ExactResume's reseeding after it keeps dropout independent of it.
     """
-    return [BeforeAfterValidation(), ExactResume(), GlobalBatchInfo(), ForgettingWarning()]
+    return [BeforeAfterValidation(), ExactResume(), GlobalBatchInfo(), ForgettingWarning(), StopOnSignal()]
 
 
 __all__ = [
@@ -25,5 +26,6 @@ __all__ = [
     "ExactResume",
     "ForgettingWarning",
     "GlobalBatchInfo",
+    "StopOnSignal",
     "default_callbacks",
 ]

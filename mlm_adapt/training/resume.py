@@ -23,9 +23,9 @@ from typing_extensions import override
 
 from mlm_adapt.data.fingerprint import corpus_fingerprint
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.guard.loads import load_weights_only
 from mlm_adapt.guard.outputs import Output, write_file
 from mlm_adapt.guard.staging import fsync_dir  # noqa: F401 -- its earlier home; callers may import it here
-from mlm_adapt.model.safe_load import load_weights_only
 from mlm_adapt.training.continue_logs import drop_rows_after
 from mlm_adapt.training.resume_lookup import CORPUS_KEY, conflict_message, resume_conflicts
 
@@ -42,7 +42,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     (``s3://``, ...) keep Lightning's behaviour: object-store uploads are already all-or-nothing. Files get
     the user's umask; staging directories of an earlier killed write are deleted (proven ours by their
     marker) at the next save of the same name. Local checkpoints are read weights-only
-    (:func:`~mlm_adapt.model.safe_load.load_weights_only`).
+    (:func:`~mlm_adapt.guard.loads.load_weights_only`).
     """
 
     @override

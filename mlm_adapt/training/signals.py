@@ -1,0 +1,166 @@
+"""SIGTERM and the requeue signal during ``fit``: a checkpoint at the next optimizer step, then a known exit.
+
+Lightning 2.x already turns SIGTERM into a flag (``trainer.received_sigterm``) and, at the end of the batch
+the signal arrived in, a ``SIGTERMException`` -- but it saves nothing, stops in the middle of a gradient
+accumulation, and that exception is a ``SystemExit`` without a code (status 0: a requeue script sees
+success). :class:`StopOnSignal` keeps Lightning's mechanism and adds the missing parts:
+
+- the flag is held back until the batch that ends with an optimizer step (the next step boundary);
+- there ``last.ckpt`` is written through the strategy (so through
+  :class:`~mlm_adapt.training.resume.AtomicCheckpointIO`: old or new, never partial), at the same hook
+  where ``ModelCheckpoint`` saves, so ``fit --ckpt_path last`` continues exactly (see ``ExactResume``);
+- the CLI exits with ``128 + signal`` (143 for SIGTERM), however the signal reached it.
+
+The requeue signal (SLURM's ``--signal=USR1@90``; ``SLURMEnvironment.requeue_signal``) is handled the same
+way, except where Lightning's SLURM auto-requeue is configured: then Lightning's own handler saves its
+``hpc_ckpt`` and requeues the job, as documented by Lightning.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+
+class StopState:
+    """The stop signal received by this process (shared by the handlers, the callback and the CLI)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """No signal yet (each command starts so, also several in one process)."""
+        self.signum: int | None = None
+        self.checkpoint: Path | None = None
+        self.step: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """``128 + signal``, as a shell reports a process the signal ended (143 for SIGTERM)."""
+        return 128 + int(self.signum or signal.SIGTERM)
+
+    def summary(self) -> str:
+        """One line for the user: which signal, the checkpoint written, and how to continue."""
+        name = signal.Signals(self.signum or signal.SIGTERM).name
+        if self.checkpoint is None:
+            return f"stopped by {name} outside the training steps; no checkpoint written (the run's stand)"
+        return (
+            f"stopped by {name}: saved {self.checkpoint} at step {self.step}; continue with "
+            "--ckpt_path last (same config)"
+        )
+
+
+STOP = StopState()
+
+
+def requeue_signal(trainer: L.Trainer | None = None) -> int:
+    """The signal a cluster sends ahead of a requeue: the SLURM environment's, else SIGUSR1."""
+    environment = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
+    configured = getattr(environment, "requeue_signal", None) if environment is not None else None
+    return int(configured or signal.SIGUSR1)
+
+
+def lightning_requeues(trainer: L.Trainer) -> bool:
+    """Whether Lightning's SLURM auto-requeue handles the requeue signal in this run."""
+    environment = trainer._accelerator_connector.cluster_environment
+    return isinstance(environment, SLURMEnvironment) and environment.auto_requeue
+
+
+def _record(signum: int, _frame: FrameType | None) -> None:
+    STOP.signum = STOP.signum or signum
+
+
+def _stop_now(signum: int, _frame: FrameType | None) -> None:
+    # Outside training (parsing, data preparation, export) there is no step to finish: stop at once, with
+    # the same status as during training.
+    _record(signum, _frame)
+    raise SystemExit(STOP.exit_code)
+
+
+def install_stop_handlers(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
+    """Makes the stop signals end the process with ``128 + signal`` until training takes them over."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in signals:
+            signal.signal(signum, _stop_now)
+
+
+def checkpoint_path(trainer: L.Trainer) -> Path:
+    """Where the stop checkpoint goes: the run's ``last.ckpt`` (what ``--ckpt_path last`` resumes)."""
+    callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
+    callback = next((cb for cb in callbacks if cb.save_last and cb.dirpath), None) or next(
+        (cb for cb in callbacks if cb.dirpath), None
+    )
+    if callback is None:
+        return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    names = {"epoch": torch.tensor(trainer.current_epoch), "step": torch.tensor(trainer.global_step)}
+    return Path(callback.format_checkpoint_name(names, callback.CHECKPOINT_NAME_LAST))
+
+
+class StopOnSignal(L.Callback):
+    """On SIGTERM (or the requeue signal) during ``fit``: ``last.ckpt`` at the next optimizer step, then stop.
+
+    The process then exits with ``128 + signal`` (the CLI reads :data:`STOP`); ``fit --ckpt_path last``
+    continues from that step, neither losing nor repeating one.
+    """
+
+    def __init__(self) -> None:
+        self._previous: dict[int, Any] = {}
+        self._step_at_batch_start = 0
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # Before Lightning registers its own SIGTERM handler, which then calls this one too.
+        if stage != "fit" or threading.current_thread() is not threading.main_thread():
+            return
+        handlers: dict[int, Any] = {signal.SIGTERM: _record}
+        # Under Lightning's SLURM auto-requeue its own handler saves hpc_ckpt and requeues; it registers only
+        # where no handler is set, so the CLI's is taken away for the run.
+        handlers[requeue_signal(trainer)] = signal.SIG_DFL if lightning_requeues(trainer) else _record
+        for signum, handler in handlers.items():
+            self._previous[signum] = signal.signal(signum, handler)
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    @override
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._step_at_batch_start = trainer.global_step
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if STOP.signum is None and trainer.received_sigterm:  # e.g. a rank Lightning told by broadcast
+            STOP.signum = signal.SIGTERM
+        stepped = trainer.global_step > self._step_at_batch_start
+        requested = STOP.signum is not None
+        if trainer.world_size > 1 and stepped:  # every rank saves and stops at the same step
+            requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
+        if not requested:
+            return
+        connector = trainer._signal_connector
+        if not stepped:
+            # Mid-accumulation: hold Lightning's flag back, or it would stop before the optimizer step.
+            connector.received_sigterm = False
+            return
+        path = checkpoint_path(trainer)
+        trainer.save_checkpoint(path)
+        STOP.checkpoint, STOP.step = path, trainer.global_step
+        STOP.signum = STOP.signum or signal.SIGTERM
+        rank_zero_info(f"mlm_adapt: {STOP.summary()}")
+        connector.received_sigterm = True  # Lightning stops at the end of this batch (SIGTERMException)

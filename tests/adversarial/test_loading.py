@@ -1,0 +1,278 @@
+"""Every file mlm_adapt loads, crafted or damaged: one ``mlm_adapt: error:`` line, exit 2, no code run.
+
+Each case builds the file (or directory) an attacker or an accident would leave, runs the command in
+process, and asserts exactly one error line holding the expected reason, status 2, that torch's advice to
+disable the safety (``weights_only=False``, ``_use_new_zipfile_serialization``) never reaches the user, and
+that the sentinel file the payload would create does not exist.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from _h15l_helpers import CreatesMarker
+from conftest import tiny_fit_args
+from lightning.fabric.strategies.fsdp import _distributed_checkpoint_save
+from lightning.fabric.utilities.load import _METADATA_FILENAME
+
+from mlm_adapt.cli.commands import main
+from mlm_adapt.guard.loads import load_sharded
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "v0_1" / "last.ckpt"
+UNSAFE_ADVICE = (
+    "weights_only=False",
+    "weights_only`",
+    "_use_new_zipfile_serialization",
+    "trust_remote_code=True",
+)
+TEXT = "北京[MASK]你"
+
+
+def fails_with(args: list[str], capsys, code: int = 2) -> str:
+    """Runs the CLI in process; returns its one error line (asserting the status and the one line)."""
+    with pytest.raises(SystemExit) as stopped:
+        main(args)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("mlm_adapt: error:")]
+    assert stopped.value.code == code, err[-2000:]
+    assert len(lines) == 1, err[-2000:]
+    assert not any(advice in err for advice in UNSAFE_ADVICE), err[-2000:]
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# --- checkpoint files: (build(path, sentinel) -> path, expected reason) -------------------------------------
+
+
+def crafted(path: Path, sentinel: Path) -> Path:
+    torch.save(
+        {"state_dict": {"w": torch.zeros(2)}, "hyper_parameters": {"x": CreatesMarker(sentinel)}}, path
+    )
+    return path
+
+
+def garbage(path: Path, sentinel: Path) -> Path:
+    path.write_bytes(bytes(range(256)) * 40)
+    return path
+
+
+def empty(path: Path, sentinel: Path) -> Path:
+    path.write_bytes(b"")
+    return path
+
+
+def truncated(path: Path, sentinel: Path) -> Path:
+    data = FIXTURE.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def zip_without_pickle(path: Path, sentinel: Path) -> Path:
+    shutil.make_archive(str(path.with_suffix("")), "zip", FIXTURE.parent)
+    path.with_suffix(".zip").rename(path)
+    return path
+
+
+def legacy_pickle_payload(path: Path, sentinel: Path) -> Path:
+    torch.save({"state_dict": CreatesMarker(sentinel)}, path, _use_new_zipfile_serialization=False)
+    return path
+
+
+def plain_directory(path: Path, sentinel: Path) -> Path:
+    path.mkdir()
+    (path / "notes.txt").write_text("not a checkpoint", encoding="utf-8")
+    return path
+
+
+def sharded(path: Path, extra: dict) -> Path:
+    """An FSDP sharded checkpoint as FSDPStrategy lays it out: DCP shards + .metadata, the rest in meta.pt."""
+    _distributed_checkpoint_save({"model": {"model.w": torch.arange(6.0).reshape(2, 3)}, **extra}, path)
+    torch.save({"global_step": 3, "hyper_parameters": {"model_name_or_path": "x"}}, path / _METADATA_FILENAME)
+    return path
+
+
+def sharded_bytes_entry(path: Path, sentinel: Path) -> Path:
+    # torch stores a non-tensor entry as BYTE_IO and would load it with weights_only=False.
+    return sharded(path, {"optimizer_states": [CreatesMarker(sentinel)]})
+
+
+def sharded_crafted_metadata(path: Path, sentinel: Path) -> Path:
+    sharded(path, {})
+    (path / ".metadata").write_bytes(pickle.dumps(CreatesMarker(sentinel)))
+    return path
+
+
+def sharded_crafted_meta_pt(path: Path, sentinel: Path) -> Path:
+    sharded(path, {})
+    crafted(path / _METADATA_FILENAME, sentinel)
+    return path
+
+
+def sharded_empty_metadata(path: Path, sentinel: Path) -> Path:
+    sharded(path, {})
+    (path / ".metadata").write_bytes(b"")
+    return path
+
+
+CHECKPOINTS: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
+    "crafted_pickle": (crafted, "needs code"),
+    "garbage": (garbage, "garbage"),
+    "empty": (empty, "empty (0 bytes)"),
+    "truncated": (truncated, "truncated"),
+    "zip_without_data_pkl": (zip_without_pickle, "without data.pkl"),
+    "legacy_format_payload": (legacy_pickle_payload, "needs code"),
+    "directory_not_a_checkpoint": (plain_directory, "neither a checkpoint"),
+    "fsdp_bytes_entry_payload": (sharded_bytes_entry, "needs code"),
+    "fsdp_crafted_metadata": (sharded_crafted_metadata, "needs code"),
+    "fsdp_crafted_meta_pt": (sharded_crafted_meta_pt, "needs code"),
+    "fsdp_empty_metadata": (sharded_empty_metadata, "empty (0 bytes)"),
+}
+
+
+@pytest.mark.parametrize("case", list(CHECKPOINTS), ids=list(CHECKPOINTS))
+def test_export_ckpt_path(case, tmp_path, capsys):
+    build, reason = CHECKPOINTS[case]
+    sentinel = tmp_path / "pwned"
+    ckpt = build(tmp_path / "evil.ckpt", sentinel)
+    out = tmp_path / "out"
+    line = fails_with(["export", "--ckpt_path", str(ckpt), "--output_dir", str(out)], capsys)
+    assert str(ckpt) in line and reason in line, line
+    assert not sentinel.exists() and not out.exists()
+
+
+@pytest.fixture
+def small_corpus(tmp_path, review_texts) -> Path:
+    path = tmp_path / "corpus" / "small.txt"
+    path.parent.mkdir()
+    path.write_text("\n".join(review_texts[:40]) + "\n", encoding="utf-8")
+    return path
+
+
+TRAINER_CASES = {
+    f"{command}_{kind}": (command, kind)
+    for command in ("fit", "validate", "test")
+    for kind in ("crafted_pickle", "garbage", "empty", "truncated")
+}
+
+
+@pytest.mark.parametrize("case", list(TRAINER_CASES), ids=list(TRAINER_CASES))
+def test_trainer_ckpt_path(case, tiny_model_dir, small_corpus, tmp_path, capsys):
+    command, kind = TRAINER_CASES[case]
+    build, reason = CHECKPOINTS[kind]
+    sentinel = tmp_path / "pwned"
+    ckpt = build(tmp_path / "evil.ckpt", sentinel)
+    root = tmp_path / "run"
+    args = tiny_fit_args(tiny_model_dir, small_corpus, root, "--export.enabled=false", f"--ckpt_path={ckpt}")
+    line = fails_with([command, *args], capsys)
+    assert str(ckpt) in line and reason in line, line
+    assert not sentinel.exists()
+
+
+# --- Hugging Face model directories: (damage(directory, sentinel), expected reason) -------------------------
+
+
+def remote_code(directory: Path, sentinel: Path) -> None:
+    (directory / "evil.py").write_text(f"open({str(sentinel)!r}, 'w').close()\n", encoding="utf-8")
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForMaskedLM": "evil.EvilModel"}
+    (directory / "config.json").write_text(json.dumps(config), encoding="utf-8")
+
+
+def remote_code_tokenizer(directory: Path, sentinel: Path) -> None:
+    (directory / "evil.py").write_text(f"open({str(sentinel)!r}, 'w').close()\n", encoding="utf-8")
+    path = directory / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["auto_map"] = {"AutoTokenizer": ["evil.EvilTokenizer", None]}
+    path.write_text(json.dumps(config), encoding="utf-8")
+
+
+def malicious_bin(directory: Path, sentinel: Path) -> None:
+    (directory / "model.safetensors").unlink()
+    torch.save(
+        {"bert.embeddings.word_embeddings.weight": CreatesMarker(sentinel)}, directory / "pytorch_model.bin"
+    )
+
+
+def huge_safetensors_header(directory: Path, sentinel: Path) -> None:
+    (directory / "model.safetensors").write_bytes((2**62).to_bytes(8, "little") + b"{}")
+
+
+def truncated_safetensors(directory: Path, sentinel: Path) -> None:
+    path = directory / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])
+
+
+def no_tokenizer_files(directory: Path, sentinel: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (directory / name).unlink(missing_ok=True)
+
+
+def no_config(directory: Path, sentinel: Path) -> None:
+    (directory / "config.json").unlink()
+
+
+def empty_config(directory: Path, sentinel: Path) -> None:
+    (directory / "config.json").write_text("", encoding="utf-8")
+
+
+def garbage_config(directory: Path, sentinel: Path) -> None:
+    (directory / "config.json").write_bytes(b"\x00\xff garbage {")
+
+
+MODEL_DIRS: dict[str, tuple[Callable[[Path, Path], None], str]] = {
+    "auto_map_model_code": (remote_code, "needs code"),
+    "auto_map_tokenizer_code": (remote_code_tokenizer, "needs code"),
+    "malicious_pytorch_model_bin": (malicious_bin, "needs code"),
+    "safetensors_header_2_pow_62": (huge_safetensors_header, "safetensors header"),
+    "safetensors_truncated": (truncated_safetensors, "truncated"),
+    "no_tokenizer_files": (no_tokenizer_files, "no tokenizer files"),
+    "no_config_json": (no_config, "no config.json"),
+    "empty_config_json": (empty_config, "empty"),
+    "garbage_config_json": (garbage_config, "not JSON"),
+}
+
+
+@pytest.mark.parametrize("case", list(MODEL_DIRS), ids=list(MODEL_DIRS))
+def test_fill_mask_model_directory(case, tiny_model_dir, tmp_path, capsys, monkeypatch):
+    damage, reason = MODEL_DIRS[case]
+    model = tmp_path / "remote_model"
+    shutil.copytree(tiny_model_dir, model)
+    sentinel = tmp_path / "pwned"
+    damage(model, sentinel)
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n" * 10))  # `echo y | mlm fill-mask ...`
+    line = fails_with(["fill-mask", "--model", str(model), TEXT], capsys)
+    assert str(model) in line and reason in line, line
+    assert ".ckpt" not in line  # a model directory is not told to give a checkpoint
+    assert not sentinel.exists()
+
+
+FIT_BASE_MODELS = ["auto_map_model_code", "malicious_pytorch_model_bin", "safetensors_header_2_pow_62"]
+
+
+@pytest.mark.parametrize("case", FIT_BASE_MODELS, ids=FIT_BASE_MODELS)
+def test_fit_base_model_directory(case, tiny_model_dir, small_corpus, tmp_path, capsys):
+    damage, reason = MODEL_DIRS[case]
+    model = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, model)
+    sentinel = tmp_path / "pwned"
+    damage(model, sentinel)
+    args = tiny_fit_args(model, small_corpus, tmp_path / "run", "--export.enabled=false")
+    line = fails_with(["fit", *args], capsys)
+    assert line.startswith("mlm_adapt: error: model.model_name_or_path:") and reason in line, line
+    assert not sentinel.exists()
+
+
+def test_intact_copies_still_load(tiny_model_dir, tmp_path, capsys):
+    """The checks refuse only the damage: the untouched model directory and checkpoint work."""
+    main(["fill-mask", "--model", str(tiny_model_dir), TEXT])
+    assert "北京" in capsys.readouterr().out
+    checkpoint = sharded(tmp_path / "ok.ckpt", {"optimizer_states": [{"lr": 0.1, "step": 3}]})
+    assert load_sharded(checkpoint)["optimizer_states"] == [{"lr": 0.1, "step": 3}]
