@@ -147,6 +147,9 @@ def load_weights_only(
         mmap: Map the tensors' storage instead of reading it (to look at the other entries cheaply).
     """
     path = check_torch_file(path, key)
+    # torch maps only zip-format files; a legacy-format file is read whole (still weights-only), so that
+    # its refusal names the real reason rather than torch's mmap complaint.
+    mmap = mmap and zipfile.is_zipfile(path)
     try:
         with torch.serialization.safe_globals(ALLOWED_GLOBALS):
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
