@@ -196,7 +196,7 @@ class Segmentation:
             )
             return self._fail("dropped whitespace", text, hint)
         return self._fail(
-            "returned words that do not join back to the text",
+            "returned words that do not join back",
             text,
             'its words must concatenate to the text exactly ("".join(words) == text)',
         )
