@@ -84,7 +84,8 @@ def main() -> None:
             elif name == "rjieba+opencc t2s":
                 import opencc
 
-                sample = [opencc.OpenCC("s2t").convert(t) for t in sample]
+                to_traditional = opencc.OpenCC("s2t")
+                sample = [to_traditional.convert(t) for t in sample]
                 segmentation = Segmentation("rjieba", opencc="t2s")
             else:
                 segmentation = Segmentation(name)
