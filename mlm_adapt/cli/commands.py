@@ -46,7 +46,7 @@ COMMANDS: dict[str, Command] = {
     "preview": Command(preview_main, "print training examples exactly as the collator masks them"),
     "export": Command(export_main, "write a checkpoint as a Hugging Face directory (and push it to the Hub)"),
     "fill-mask": Command(fill_mask_main, "the top-k tokens per [MASK] and whole-word fillings of mask runs"),
-    "vocab": Command(vocab_main, "report [UNK] characters and candidate jieba terms of the corpus"),
+    "vocab": Command(vocab_main, "report [UNK] characters and candidate terms the word segmenter splits"),
     "plot": Command(plot_main, "draw loss/accuracy/perplexity curves of a run's metrics.csv"),
 }
 

@@ -11,6 +11,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from mlm_adapt.cli.option_errors import MLMAdaptArgumentParser
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
@@ -37,6 +38,7 @@ class MLMAdaptCLI(LightningCLI):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("parser_class", MLMAdaptArgumentParser)
         kwargs.setdefault(
             "parser_kwargs",
             {

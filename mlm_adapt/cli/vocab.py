@@ -4,9 +4,10 @@ It answers two questions about a domain corpus before adapting to it:
 
 - Which characters does the model's vocabulary lack? Their tokens become ``[UNK]`` and can never be
   predicted. ``--output_tokens`` writes the most frequent ones for ``model.new_tokens_file``.
-- Which domain terms does jieba's dictionary lack? Whole-word masking masks jieba words, so a term jieba
+- Which domain terms does ``data.segmenter`` split? Whole-word masking masks its words, so a term it
   splits is never masked as a whole. Candidates are the multi-character words that jieba's HMM joins from
-  unknown characters; ``--output_dict`` writes them as a user dictionary for ``data.user_dict``.
+  unknown characters and the segmenter splits; ``--output_dict`` writes them as a jieba user dictionary
+  for ``data.user_dict``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class VocabCLI(DataOnlyCLI):
 
 
 def vocab_main(args: list[str]) -> None:
-    """Reports the corpus' ``[UNK]`` rate, OOV characters and candidate jieba terms; writes them on demand."""
+    """Reports the corpus' ``[UNK]`` rate, OOV characters and candidate terms; writes them on demand."""
     cli = VocabCLI(args=args, run=False, save_config_callback=None)
     config, datamodule = cli.config, cli.datamodule
     hp = datamodule.hparams
@@ -75,9 +76,10 @@ def vocab_main(args: list[str]) -> None:
         print(
             "(other [UNK]: words WordPiece cannot assemble from its pieces, e.g. a letter glued to a symbol)"
         )
-    terms = candidate_terms(texts, hp.user_dict, config.min_count, config.min_cohesion)
+    segmenter = datamodule.segmenter
+    terms = candidate_terms(texts, hp.user_dict, config.min_count, config.min_cohesion, segmenter)
     print(
-        f"\n{len(terms):,} candidate jieba terms (HMM words missing from the dictionary, count >= "
+        f"\n{len(terms):,} candidate terms (HMM words that {segmenter.name} splits, count >= "
         f"{config.min_count}, cohesion >= {config.min_cohesion}); top {min(config.top_k, len(terms))}:\n"
         f"{'term':<10}{'count':>8}{'cohesion':>10}"
     )

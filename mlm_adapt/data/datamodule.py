@@ -29,9 +29,11 @@ from mlm_adapt.data.validation_sets import (
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import MaskingScheme, WholeWordMaskCollator
 from mlm_adapt.masking.sampler import check_probabilities
+from mlm_adapt.text.chinese_variants import OpenCCConfig
 from mlm_adapt.text.corpus import expand_files, load_files, load_hub
-from mlm_adapt.text.segment import Segmenter, SegmenterBackend
+from mlm_adapt.text.segmentation import BuiltinSegmenter, Segmentation
 from mlm_adapt.text.tokenizer import load_tokenizer
+from mlm_adapt.text.word_segmenter import WordSegmenter
 
 
 def _arrow_sum(length_fn: Any, dataset: datasets.Dataset, column: str) -> int:
@@ -67,9 +69,11 @@ class MLMDataModule(L.LightningDataModule):
             the CLI.
         packing: Concatenate documents into full ``max_seq_length`` blocks (no padding waste). With
             ``false``, each line is its own example; a line longer than a block continues in the next one.
-        segmenter: Word segmenter backend: ``rjieba`` (fast) or ``jieba``; same dictionary, same words.
+        segmenter: ``rjieba`` (fast) or ``jieba`` (same words), ``thulac``, ``snownlp``, ``pkuseg``, or a
+            class_path/init_args of any class whose ``segment(texts)`` words join back (docs/segmenters.md).
         hmm: Let jieba's HMM join unknown characters into words (off: both backends agree exactly).
         user_dict: A jieba user dictionary (``word [freq] [tag]`` per line) for domain terms.
+        opencc: Traditional Chinese: segment a ``t2s``/``tw2s``/``hk2s``-converted copy, keep the original.
         mlm_probability: Expected fraction of maskable tokens to predict.
         mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
         random_replace_prob: Fraction of selected words replaced by random tokens (the rest stay unchanged).
@@ -111,9 +115,10 @@ class MLMDataModule(L.LightningDataModule):
         tokenizer_name_or_path: str = "hfl/chinese-bert-wwm-ext",
         max_seq_length: int = 512,
         packing: bool = True,
-        segmenter: SegmenterBackend = "rjieba",
+        segmenter: BuiltinSegmenter | WordSegmenter = "rjieba",
         hmm: bool = False,
         user_dict: str | None = None,
+        opencc: OpenCCConfig | None = None,
         mlm_probability: float = 0.15,
         mask_replace_prob: float = 0.8,
         random_replace_prob: float = 0.1,
@@ -163,7 +168,8 @@ class MLMDataModule(L.LightningDataModule):
         self.validation_sets = ValidationSets(validation_files)
         # Names of the validation sets, the primary one (logged as ``val/*``) first.
         self.validation_set_names = self.validation_sets.names
-        self.segmenter = Segmenter(segmenter, hmm=hmm, user_dict=user_dict)
+        self.segmenter = Segmentation(segmenter, hmm, user_dict, opencc, built_from=self.hparams.segmenter)
+        self.hparams["segmenter"] = self.segmenter.spec  # plain values for checkpoints and the resume check
         self.train_dataset: datasets.Dataset | None = None
         self.train_stream: StreamingCorpus | None = None
         self.val_dataset: datasets.Dataset | None = None

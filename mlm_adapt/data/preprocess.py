@@ -13,9 +13,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.text.blocks import build_blocks
-from mlm_adapt.text.segment import Segmenter
 from mlm_adapt.text.tokens import TOKENIZATION_VERSION, tokenize_with_word_ids
 from mlm_adapt.text.vocabulary import block_special_ids
+from mlm_adapt.text.word_segmenter import WordSegmenter
 
 BLOCK_FEATURES = datasets.Features(
     {"input_ids": datasets.List(datasets.Value("int32")), "word_ids": datasets.List(datasets.Value("int32"))}
@@ -30,7 +30,7 @@ def is_non_empty(batch: dict[str, list]) -> list[bool]:
 
 
 def _tokenize_batch(
-    batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, segmenter: Segmenter, version: int = 0
+    batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, segmenter: WordSegmenter, version: int = 0
 ) -> dict:
     # ``version`` is unused here: it only enters datasets' cache fingerprint (TOKENIZATION_VERSION).
     return tokenize_with_word_ids(batch["text"], tokenizer, segmenter)
@@ -43,7 +43,7 @@ def _blocks_batch(batch: dict[str, list], **kwargs: Any) -> dict:
 def to_blocks(
     documents: AnyDataset,
     tokenizer: PreTrainedTokenizerBase,
-    segmenter: Segmenter,
+    segmenter: WordSegmenter,
     max_seq_length: int,
     packing: bool,
     **map_kwargs: Any,

@@ -28,7 +28,7 @@ from transformers import PreTrainedTokenizerBase
 from mlm_adapt.data.preprocess import is_non_empty, to_blocks
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.corpus import BUILDERS, file_error, text_only
-from mlm_adapt.text.segment import Segmenter
+from mlm_adapt.text.word_segmenter import WordSegmenter
 
 
 def is_held_out(text: str, fraction: float, seed: int) -> bool:
@@ -207,7 +207,7 @@ class StreamingCorpus:
         world_size: int,
         shuffle_buffer_size: int,
         tokenizer: PreTrainedTokenizerBase,
-        segmenter: Segmenter,
+        segmenter: WordSegmenter,
         max_seq_length: int,
         packing: bool,
     ) -> StreamingBlocks:

@@ -175,6 +175,7 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     masking = [
         ("masking", "whole-word masking (all tokens of a segmented word are masked together)"),
         ("segmenter", data.get("segmenter")),
+        ("segmented through OpenCC", data.get("opencc")),  # Traditional text, Simplified segmentation
         ("jieba HMM", data.get("hmm")),
         ("user dictionary", data.get("user_dict")),
         ("mlm_probability", data.get("mlm_probability")),

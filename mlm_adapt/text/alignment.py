@@ -41,6 +41,8 @@ from typing import Any
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from mlm_adapt.errors import MLMAdaptError
+
 # Unicode whitespace below U+3001 (``str.isspace``): U+3000, the ideographic space, is the last one.
 _WHITESPACE = np.zeros(0x3001, dtype=bool)
 _WHITESPACE[[c for c in range(0x3001) if chr(c).isspace()]] = True
@@ -101,7 +103,7 @@ def _char_words(joined: str, lengths: np.ndarray, words: Sequence[Sequence[str]]
     n_chars = len(joined)
     word_len = np.fromiter(map(len, itertools.chain.from_iterable(words)), dtype=np.int64)
     if int(word_len.sum()) != n_chars:
-        raise ValueError("the words of each text must join to the text")
+        raise _join_back_error(joined, lengths, words)
     char_word = np.repeat(np.arange(len(word_len), dtype=np.int64), word_len)
     codepoints = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32)
     space = np.zeros(n_chars, dtype=bool)
@@ -120,6 +122,22 @@ def _char_words(joined: str, lengths: np.ndarray, words: Sequence[Sequence[str]]
         source = np.where(nxt_ok, nxt, np.where(prv_ok, prv, index))
         char_word = np.where(space, char_word[source], char_word)
     return char_word
+
+
+def _join_back_error(joined: str, lengths: np.ndarray, words: Sequence[Sequence[str]]) -> MLMAdaptError:
+    """The one line for words that do not join back (a segmenter used without :class:`Segmentation`)."""
+    start = 0
+    for length, text_words in zip(lengths.tolist(), words, strict=False):
+        text = joined[start : start + length]
+        start += length
+        if "".join(text_words) != text:
+            return MLMAdaptError(
+                f"data.segmenter: words do not join back to the text {text[:60]!r}; a segmenter must return "
+                "every character of the text, whitespace included"
+            )
+    return MLMAdaptError(
+        f"data.segmenter: {len(words)} word lists for {len(lengths)} texts; give one per text"
+    )
 
 
 def _token_units(

@@ -1,4 +1,4 @@
-"""Jieba-compatible Chinese word segmentation with two interchangeable backends.
+"""Jieba-compatible Chinese word segmentation with two interchangeable backends (the default segmenters).
 
 ``rjieba`` (Rust, jieba-rs) and ``jieba`` (pure Python) share jieba's dictionary and, with the HMM for
 unknown words switched off, produce identical segmentations; rjieba is about an order of magnitude faster.
@@ -128,6 +128,10 @@ class Segmenter:
         if self._impl is None:
             self._impl = self._build()
         return self._impl(text)
+
+    def segment(self, texts: list[str]) -> list[list[str]]:
+        """The words of each text (the :class:`~mlm_adapt.text.word_segmenter.WordSegmenter` protocol)."""
+        return [self(text) for text in texts]
 
     def __repr__(self) -> str:
         return f"Segmenter(backend={self.backend!r}, hmm={self.hmm}, user_dict={self.user_dict!r})"

@@ -1,10 +1,11 @@
-"""Domain vocabulary report: characters the tokenizer lacks and terms jieba's dictionary lacks.
+"""Domain vocabulary report: characters the tokenizer lacks and terms the word segmenter splits.
 
 - Which characters does the model's vocabulary lack? Their tokens become ``[UNK]`` and can never be
   predicted; the most frequent ones are candidates for ``model.new_tokens_file``.
-- Which domain terms does jieba's dictionary lack? Whole-word masking masks jieba words, so a term jieba
-  splits is never masked as a whole. Candidates are the multi-character words that jieba's HMM joins from
-  unknown characters, kept when their parts rarely occur apart (:func:`cohesion`).
+- Which domain terms does the configured segmenter (``data.segmenter``) split? Whole-word masking masks its
+  words, so a term it splits is never masked as a whole. Candidates are the multi-character words that
+  jieba's HMM joins from unknown characters, kept when the segmenter splits most of their occurrences and
+  their parts rarely occur apart (:func:`cohesion`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import rjieba
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.guard.outputs import Output, write_text
-from mlm_adapt.text.segment import read_user_dict
+from mlm_adapt.text.segment import Segmenter, read_user_dict
+from mlm_adapt.text.word_segmenter import WordSegmenter
 
 
 def oov_characters(texts: Iterable[str], tokenizer: PreTrainedTokenizerBase) -> tuple[Counter, int, int]:
@@ -59,9 +61,13 @@ def cohesion(term: str, corpus: str) -> float:
 
 
 def candidate_terms(
-    texts: Iterable[str], user_dict: str | None = None, min_count: int = 5, min_cohesion: float = 3.0
+    texts: Iterable[str],
+    user_dict: str | None = None,
+    min_count: int = 5,
+    min_cohesion: float = 3.0,
+    segmenter: WordSegmenter | None = None,
 ) -> Counter:
-    """Multi-character Chinese words that jieba's HMM finds in ``texts`` but its dictionary lacks.
+    """Multi-character Chinese words that jieba's HMM finds in ``texts`` and the segmenter mostly splits.
 
     Args:
         texts: The domain corpus.
@@ -69,13 +75,18 @@ def candidate_terms(
         min_count: Keep terms seen at least this often.
         min_cohesion: Keep terms whose :func:`cohesion` is at least this (``e**3 = 20`` times more often
             together than by chance by default).
+        segmenter: The segmenter whole-word masking uses (``data.segmenter``); a term it keeps whole in at
+            least half of its occurrences is known. Default: rjieba with ``user_dict``.
     """
     dictionary = rjieba.Jieba()
     for word, freq, tag in read_user_dict(user_dict) if user_dict else []:
         dictionary.add_word(word, freq, tag)
     texts = list(texts)
     counts = Counter(w for text in texts for w in dictionary.cut(text, True) if len(w) > 1 and _is_cjk(w))
-    counts = Counter({w: c for w, c in counts.items() if c >= min_count and not dictionary.has_word(w)})
+    counts = Counter({w: c for w, c in counts.items() if c >= min_count})
+    segmenter = segmenter or Segmenter("rjieba", user_dict=user_dict)
+    kept_whole = Counter(w for words in segmenter.segment(texts) for w in words if w in counts)
+    counts = Counter({w: c for w, c in counts.items() if 2 * kept_whole[w] < c})
     corpus = "\n".join(texts)
     return Counter({w: c for w, c in counts.items() if cohesion(w, corpus) >= min_cohesion})
 

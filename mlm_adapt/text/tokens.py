@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.text.alignment import align_words
-from mlm_adapt.text.segment import Segmenter
+from mlm_adapt.text.word_segmenter import WordSegmenter
 
 SPECIAL_WORD_ID = -1
 # Bumped whenever the tokens or word ids produced for a text change: it is part of the datasets cache
@@ -21,7 +21,7 @@ TOKENIZATION_VERSION = 3
 
 
 def tokenize_with_word_ids(
-    texts: Sequence[str], tokenizer: PreTrainedTokenizerBase, segmenter: Segmenter
+    texts: Sequence[str], tokenizer: PreTrainedTokenizerBase, segmenter: WordSegmenter
 ) -> dict[str, list[list[int]]]:
     """Tokenizes each text whole and gives every token the id of the jieba word it belongs to.
 
@@ -34,10 +34,12 @@ def tokenize_with_word_ids(
     Args:
         texts: Documents (one string each).
         tokenizer: A fast Hugging Face tokenizer.
-        segmenter: The word segmenter.
+        segmenter: The word segmenter (:class:`~mlm_adapt.text.segmentation.Segmentation` checks that its
+            words join back to each text).
 
     Returns:
         ``{"input_ids": [...], "word_ids": [...]}``, one list per text, no special tokens; word ids increase
         along each text.
     """
-    return align_words(texts, [segmenter(text) for text in texts], tokenizer)
+    texts = list(texts)
+    return align_words(texts, segmenter.segment(texts), tokenizer)

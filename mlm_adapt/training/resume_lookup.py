@@ -9,8 +9,9 @@ modification time (Lightning's rule among candidates); the resumed run then logs
 
 Settings that a checkpoint fixes (:data:`FIXED_SETTINGS`) are compared with the new command line by
 :func:`resume_conflicts`: the weights' architecture and vocabulary, the sequence length, the batch size
-(the data loader position counts batches) and the training corpus (its fingerprint, when the checkpoint
-has one). A difference is refused with one line rather than silently keeping either value.
+(the data loader position counts batches), the word segmentation (segmenter class and init args, OpenCC
+conversion) and the training corpus (its fingerprint, when the checkpoint has one). A difference is
+refused with one line rather than silently keeping either value.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ FIXED_SETTINGS: dict[tuple[str, str], str] = {
     ("data", "batch_size"): "the data loader position is counted in batches",
     ("data", "packing"): "the data blocks and the position of the data loader depend on it",
     ("model", "optimizer"): "the optimizer state restored from the checkpoint (learning rate included) wins",
+    # The words (whole-word masking units) of the training blocks: the segmenter's class and init args.
+    ("data", "segmenter"): "the words masked as a whole depend on it",
+    ("data", "opencc"): "the words masked as a whole depend on it",
+    ("data", "hmm"): "the words masked as a whole depend on it",
+    ("data", "user_dict"): "the words masked as a whole depend on it",
 }
 # What ``validate``/``test`` compare: the settings the checkpoint's weights and token ids depend on.
 WEIGHT_SETTINGS = (

@@ -44,7 +44,7 @@ def test_vocab_command_reports_and_writes(tiny_model_dir, corpus_file, tmp_path,
         ]
     )
     stdout = capsys.readouterr().out
-    assert "[UNK] rate:" in stdout and "candidate jieba terms" in stdout
+    assert "[UNK] rate:" in stdout and "candidate terms (HMM words that rjieba splits" in stdout
     terms = out_dict.read_text(encoding="utf-8").split()
     assert terms and all(len(t) > 1 for t in terms)
     chars = out_tokens.read_text(encoding="utf-8").split()
