@@ -29,7 +29,15 @@ WHOLE_WEIGHTS = (SingleDeviceStrategy, DDPStrategy)
 
 # Hyper-parameters naming files or directories the run reads (the export must never contain them).
 _MODEL_INPUTS = ("model_name_or_path", "new_tokens_file")
-_DATA_INPUTS = ("train_files", "validation_files", "test_files", "mix_files", "user_dict", "cache_dir")
+_DATA_INPUTS = (
+    "train_files",
+    "validation_files",
+    "test_files",
+    "mix_files",
+    "user_dict",
+    "cache_dir",
+    "prepared_dir",
+)
 
 
 def _run_dirs(trainer: L.Trainer) -> list[str]:
