@@ -14,6 +14,7 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import ExportInfo, val_metrics_at
 from mlm_adapt.export.hub import check_hub_access, push_folder
@@ -250,12 +251,16 @@ class HFExport(ExportOptions, L.Callback):
             tags=self.tags,
             repo_id=self.repo_id if self.push_to_hub else None,
         )
+        progress = Progress("export", bars=trainer.progress_bar_callback is not None)
         diff = write_export(
-            model, tokenizer, self.export_dir, info, overwrite=self.overwrite, verify=self.verify
+            model, tokenizer, self.export_dir, info, self.overwrite, self.verify, progress=progress
         )
         check = f"; reload check: max |logit difference| {diff:.2e}" if diff is not None else ""
         after = f"; val/loss {final['val/loss']:.4f} at step {final_step}" if "val/loss" in final else ""
         rank_zero_info(f"mlm_adapt export: wrote {self.export_dir} ({source}){after}{check}")
         if self.push_to_hub:
-            url = push_folder(self.export_dir, self.repo_id, self.private, self.revision, self.commit_message)
+            with progress.phase(f"uploading to the Hub ({self.repo_id})"):
+                url = push_folder(
+                    self.export_dir, self.repo_id, self.private, self.revision, self.commit_message
+                )
             rank_zero_info(f"mlm_adapt export: pushed to {url}")

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import CONFIG_FILENAME, ExportInfo, render_model_card
 from mlm_adapt.export.directory import check_output_dir, make_staging, publish, remove_staging
@@ -66,6 +67,7 @@ def write_export(
     overwrite: bool = False,
     verify: bool = True,
     key: str = "--output_dir",
+    progress: Progress | None = None,
 ) -> float | None:
     """Writes ``model`` + ``tokenizer`` (``save_pretrained``, safetensors), the config and the model card.
 
@@ -73,20 +75,30 @@ def write_export(
     ``output_dir`` by renames (:func:`~mlm_adapt.export.directory.publish`), replacing an earlier export
     only with ``overwrite`` and only if ``output_dir`` holds nothing but that export.
 
+    ``progress`` shows a bar over the phases, or logs one line per phase with its duration.
+
     Returns:
         The reload check's largest logit difference (``None`` when ``verify`` is off).
     """
     output_dir = Path(output_dir)
+    progress = progress or Progress("export")
     check_output_dir(output_dir, overwrite, key=key)
     staging = make_staging(output_dir)
     try:
-        model.save_pretrained(staging, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
-        (staging / CONFIG_FILENAME).write_text(info.resolved_config(), encoding="utf-8")
-        title = info.repo_id.rsplit("/", 1)[-1] if info.repo_id else output_dir.resolve().name
-        render_model_card(info, title=title).save(staging / "README.md")
-        diff = verify_export(model, tokenizer, staging) if verify else None
-        publish(staging, output_dir, key=key)
+        with progress.stages(3 + verify, f"Exporting to {output_dir.name}"):
+            with progress.phase("saving the weights (safetensors)"):
+                model.save_pretrained(staging, safe_serialization=True)
+            with progress.phase("saving the tokenizer, config and model card"):
+                tokenizer.save_pretrained(staging)
+                (staging / CONFIG_FILENAME).write_text(info.resolved_config(), encoding="utf-8")
+                title = info.repo_id.rsplit("/", 1)[-1] if info.repo_id else output_dir.resolve().name
+                render_model_card(info, title=title).save(staging / "README.md")
+            diff = None
+            if verify:
+                with progress.phase("reloading the export to compare logits"):
+                    diff = verify_export(model, tokenizer, staging)
+            with progress.phase(f"publishing {output_dir}"):
+                publish(staging, output_dir, key=key)
     except BaseException:
         remove_staging(staging)
         raise

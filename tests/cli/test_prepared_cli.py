@@ -22,14 +22,30 @@ def _prepared(model_dir: Path, corpus: Path, root: Path) -> tuple[Path, list[str
     return target, [*args, f"--data.prepared_dir={target}"]
 
 
-def test_fit_validate_preview_from_a_prepared_dir_with_the_corpus_deleted(
-    tiny_model_dir, corpus_file, tmp_path, capsys
+def _phase_lines(messages: list[str], command: str) -> list[str]:
+    return [
+        m.split(": ", 1)[1].rsplit(" done in ", 1)[0]
+        for m in messages
+        if m.startswith(f"mlm_adapt {command}: ") and " done in " in m
+    ]
+
+
+def test_fit_validate_preview_export_from_a_prepared_dir_with_the_corpus_deleted(
+    tiny_model_dir, corpus_file, tmp_path, capsys, caplog, monkeypatch
 ):
     target, args = _prepared(tiny_model_dir, corpus_file, tmp_path)
     corpus_file.unlink()
+    caplog.clear()
     main(["fit", *args, f"--export.output_dir={tmp_path / 'export'}"])
     checkpoints = list(tmp_path.glob("lightning_logs/version_0/checkpoints/*.ckpt"))
     assert len(checkpoints) == 1 and (tmp_path / "export" / "model.safetensors").is_file()
+    # --trainer.enable_progress_bar=false: the export logs its phases with their durations.
+    assert _phase_lines(caplog.messages, "export") == [
+        "saving the weights (safetensors)",
+        "saving the tokenizer, config and model card",
+        "reloading the export to compare logits",
+        f"publishing {tmp_path / 'export'}",
+    ]
     # Nothing was written into the prepared directory (it may be read-only and shared by every node).
     manifest = json.loads((target / "manifest.json").read_text())
     listed = {s["file"] for split in manifest["splits"].values() for s in split["shards"]}
@@ -40,6 +56,21 @@ def test_fit_validate_preview_from_a_prepared_dir_with_the_corpus_deleted(
     main(["preview", *args, "--num_examples=2", "--format=json"])
     examples = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(examples) == 2 and all(e["tokens"][0] == "[CLS]" and e["labels"] for e in examples)
+
+    # The export command, with a (faked) Hub upload: phase lines without bars, a bar with them.
+    import mlm_adapt.export.checkpoint as export_checkpoint
+
+    monkeypatch.setattr(export_checkpoint, "check_hub_access", lambda repo_id: None)
+    monkeypatch.setattr(export_checkpoint, "push_folder", lambda *a, **k: "https://hub/commit/1")
+    caplog.clear()
+    out = tmp_path / "exported"
+    push = ["--push_to_hub", "--repo_id=me/model"]
+    main(["export", f"--ckpt_path={checkpoints[0]}", f"--output_dir={out}", "--progress_bar=false", *push])
+    phases = _phase_lines(caplog.messages, "export")
+    assert phases[0] == f"loading {checkpoints[0]}" and phases[-1] == "uploading to the Hub (me/model)"
+    assert "%|" not in capsys.readouterr().err
+    main(["export", f"--ckpt_path={checkpoints[0]}", f"--output_dir={tmp_path / 'bar'}", *push])
+    assert "Exporting to bar" in capsys.readouterr().err
 
 
 STEPS, KILL_AT = 8, 4
