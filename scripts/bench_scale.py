@@ -88,7 +88,13 @@ def run_sampled(cmd: list[str]) -> dict:
     done = threading.Event()
 
     def sample() -> None:
+        last_report = time.perf_counter()
         while not done.is_set():
+            if time.perf_counter() - last_report > 60:  # a long run still leaves figures if it is stopped
+                last_report = time.perf_counter()
+                elapsed = last_report - start
+                peaks = ", ".join(f"{k} {v / 1024:.0f} MiB" for k, v in peak.items())
+                print(f"  ... {elapsed:.0f} s: peak {peaks}", file=sys.stderr, flush=True)
             pids = _tree(proc.pid)
             # Proportional: forked workers share their parent's pages copy-on-write; RssAnon would count
             # those once per process.
