@@ -194,17 +194,12 @@ def main() -> None:
                 f"--data.train_files=[{corpus}]",
                 f"--data.prepared_dir={target}",
             ]
-            prep = run_sampled(
-                [
-                    python,
-                    "-m",
-                    "mlm_adapt",
-                    "prepare",
-                    *common,
-                    f"--data.preprocessing_num_workers={processes}",
-                    "--trainer.enable_progress_bar=false",
-                ]
-            )
+            workers = [f"--data.preprocessing_num_workers={processes}"]
+            prepare_args = ["prepare", *common, "--trainer.enable_progress_bar=false"]
+            if args.in_process:  # 1 process: the work in this process, no worker pool
+                prep = run_in_process(prepare_args + (workers if processes > 1 else []))
+            else:
+                prep = run_sampled([python, "-m", "mlm_adapt", *prepare_args, *workers])
             manifest = json.loads((target / "manifest.json").read_text())
             chars = sum(s["characters"] for s in manifest["splits"].values())
             preview_args = ["preview", *common, "--num_examples=1"]

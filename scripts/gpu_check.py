@@ -31,6 +31,7 @@ sys.path.insert(0, str(SCRIPTS.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import bench_gpu  # noqa: E402
 import torch  # noqa: E402
 from _bench_common import reviews, table  # noqa: E402
 from bench_gpu import build_model_dir, run  # noqa: E402
@@ -90,6 +91,7 @@ def throughput_rows(model_dir: Path, steps: int, dry_run: bool) -> list[dict]:
 
 def fit_from_prepared(model_dir: Path, root: Path, steps: int, dry_run: bool) -> dict:
     """``prepare`` then ``fit --data.prepared_dir`` through the CLI (in this process), timed."""
+    root.mkdir(parents=True, exist_ok=True)
     corpus = root / "corpus.txt"
     corpus.write_text(
         "\n".join(reviews()[: 500 if dry_run else None]) + "\n", encoding="utf-8"
@@ -192,7 +194,8 @@ def main(argv: list[str] | None = None) -> str:
     if args.dry_run:
         # bench_gpu's smoke model: the bert-base vocabulary (21,128 CJK ids, as the random blocks use), tiny.
         model_dir = build_model_dir(root, smoke=True)
-        steps, fit_steps = 2, min(args.fit_steps, 4)
+        bench_gpu.WARMUP = 1  # read by run() at call time: 1 warm-up + 1 timed step per configuration
+        steps, fit_steps = 1, min(args.fit_steps, 4)
         device = "CPU dry run (tiny model, fp32)"
     else:
         torch.backends.cuda.matmul.allow_tf32 = True
