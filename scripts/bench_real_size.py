@@ -174,6 +174,7 @@ def main() -> None:
             [
                 [
                     r["family"],
+                    f"{r['parameters_m']:.0f}",
                     f"{r['s_per_step']:.2f}",
                     f"{r['first_step_s']:.1f}",
                     f"{r['validation_s']:.1f}",
