@@ -92,7 +92,13 @@ def measured_bf16_peak() -> float:
 
 
 def run(
-    model_dir: Path, length: int, batch_size: int, steps: int, compile_model: bool, gpu: bool = True
+    model_dir: Path,
+    length: int,
+    batch_size: int,
+    steps: int,
+    compile_model: bool,
+    gpu: bool = True,
+    masked_only_head: bool = True,
 ) -> dict:
     import lightning as L
     from transformers import AutoTokenizer
@@ -114,7 +120,12 @@ def run(
         persistent_workers=gpu,
     )
     module = MaskedLMModule(
-        str(model_dir), max_seq_length=512, pretrained=True, compile=compile_model, log_throughput=False
+        str(model_dir),
+        max_seq_length=512,
+        pretrained=True,
+        compile=compile_model,
+        log_throughput=False,
+        masked_only_head=masked_only_head,
     )
     stamps: list[float] = []
     flops: list[int] = []

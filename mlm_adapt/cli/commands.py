@@ -21,6 +21,7 @@ from mlm_adapt.cli.export import export_main
 from mlm_adapt.cli.fill_mask import fill_mask_main
 from mlm_adapt.cli.fit import MLMAdaptCLI
 from mlm_adapt.cli.plot import plot_main
+from mlm_adapt.cli.prepare import prepare_main
 from mlm_adapt.cli.preview import preview_main
 from mlm_adapt.cli.vocab import vocab_main
 from mlm_adapt.errors import (
@@ -43,6 +44,7 @@ class Command(NamedTuple):
 
 
 COMMANDS: dict[str, Command] = {
+    "prepare": Command(prepare_main, "segment, tokenize and pack the corpus once into --data.prepared_dir"),
     "preview": Command(preview_main, "print training examples exactly as the collator masks them"),
     "export": Command(export_main, "write a checkpoint as a Hugging Face directory (and push it to the Hub)"),
     "fill-mask": Command(fill_mask_main, "the top-k tokens per [MASK] and whole-word fillings of mask runs"),

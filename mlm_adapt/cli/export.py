@@ -9,6 +9,7 @@ from pathlib import Path
 import transformers
 from jsonargparse import ArgumentParser
 
+from mlm_adapt.data.progress import Progress
 from mlm_adapt.export.checkpoint import export_checkpoint
 from mlm_adapt.export.options import ExportOptions
 from mlm_adapt.model.metrics import metrics_table
@@ -25,11 +26,13 @@ class ExportCommand(ExportOptions):
         output_dir: Directory to write; must be empty or absent, or an earlier export with --overwrite.
         base_model: Base model directory or Hub name, if the one recorded in the checkpoint is not available
             here (its config and tokenizer are used; the weights come from the checkpoint).
+        progress_bar: Show progress bars; false (batch jobs) logs one line per phase with its duration.
     """
 
     ckpt_path: str
     output_dir: str
     base_model: str | None = None
+    progress_bar: bool = True
 
 
 def bare_flags(args: list[str], options: type) -> list[str]:
@@ -58,7 +61,8 @@ def export_main(args: list[str]) -> None:
     parser.add_class_arguments(ExportCommand)
     command = ExportCommand(**parser.parse_args(bare_flags(args, ExportCommand)).as_dict())
     transformers.logging.disable_progress_bar()
-    result = export_checkpoint(command.ckpt_path, command.output_dir, command, command.base_model)
+    progress = Progress("export", bars=command.progress_bar)
+    result = export_checkpoint(command.ckpt_path, command.output_dir, command, command.base_model, progress)
     output_dir = Path(command.output_dir)
     files = sorted(p.name for p in output_dir.iterdir() if not p.name.startswith("."))
     print(f"wrote {output_dir}: {', '.join(files)}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 from functools import cached_property
-from typing import Any
 
 import datasets
 import lightning as L
@@ -16,7 +15,8 @@ from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
 from mlm_adapt.data.loader_state import WorkerCountFreeLoader
-from mlm_adapt.data.preprocess import is_non_empty, mix_documents, to_blocks
+from mlm_adapt.data.prepared import arrow_sum, describe_stats, load_prepared, prepared_stats
+from mlm_adapt.data.preprocess import drop_empty, mix_documents, to_blocks
 from mlm_adapt.data.samplers import KeyedDataset, train_sampler
 from mlm_adapt.data.streaming import StreamingCorpus, load_hub_stream, load_stream
 from mlm_adapt.data.validation_sets import (
@@ -34,18 +34,6 @@ from mlm_adapt.text.corpus import expand_files, load_files, load_hub
 from mlm_adapt.text.segmentation import BuiltinSegmenter, Segmentation
 from mlm_adapt.text.tokenizer import load_tokenizer
 from mlm_adapt.text.word_segmenter import WordSegmenter
-
-
-def _arrow_sum(length_fn: Any, dataset: datasets.Dataset, column: str) -> int:
-    """Sum of per-row lengths of a column, chunk by chunk (respects the dataset's index mapping)."""
-    total = 0
-    for chunk in dataset.with_format("arrow").iter(batch_size=100_000):
-        total += int(pc.sum(length_fn(chunk[column])).as_py() or 0)
-    return total
-
-
-def _drop_empty(dataset: datasets.Dataset, name: str) -> datasets.Dataset:
-    return dataset.filter(is_non_empty, batched=True, desc=f"Dropping empty lines ({name})")
 
 
 class MLMDataModule(L.LightningDataModule):
@@ -101,6 +89,8 @@ class MLMDataModule(L.LightningDataModule):
             documents (a ``validation_split`` fraction, chosen by a hash of the text) form the validation set.
         forgetting_warning: Warn (once per set) when a validation set other than the first ends a
             validation with a perplexity more than this fraction above its step-0 value (e.g. ``0.2``).
+        prepared_dir: Written by ``python -m mlm_adapt prepare``; other commands memory-map its blocks and
+            never read, segment or tokenize raw files. Settings differing from its manifest are refused.
     """
 
     def __init__(
@@ -138,11 +128,12 @@ class MLMDataModule(L.LightningDataModule):
         shuffle_buffer_size: int = 10_000,
         streaming_validation_documents: int = 2_000,
         forgetting_warning: float | None = None,
+        prepared_dir: str | None = None,
     ):
         super().__init__()
         self.save_hyperparameters()
         check_probabilities(mlm_probability, mask_replace_prob, random_replace_prob)
-        if not train_files and not dataset_name:
+        if not train_files and not dataset_name and not prepared_dir:
             raise MLMAdaptError("data.train_files is empty; give text files or globs (or data.dataset_name)")
         if not 0.0 <= validation_split < 1.0:
             raise MLMAdaptError(f"data.validation_split={validation_split} must be in [0, 1), e.g. 0.05")
@@ -160,6 +151,8 @@ class MLMDataModule(L.LightningDataModule):
             raise MLMAdaptError(f"data.mix_probability={mix_probability} must be in [0, 1), e.g. 0.2")
         if mix_probability > 0 and not mix_files:
             raise MLMAdaptError("data.mix_probability > 0 needs data.mix_files (general-domain text files)")
+        if prepared_dir and streaming:
+            raise MLMAdaptError("data.prepared_dir: prepared blocks are not streamed; set streaming false")
         if mix_probability > 0 and streaming:
             raise MLMAdaptError(
                 "data.mix_files: mixing is not available with data.streaming; mix the files beforehand"
@@ -222,7 +215,7 @@ class MLMDataModule(L.LightningDataModule):
         hp = self.hparams
         name = key if files is not None else f"data.{key}"
         paths = expand_files(files if files is not None else hp[key], name)
-        return _drop_empty(load_files(paths, name, hp.text_column, hp.cache_dir), name)
+        return drop_empty(load_files(paths, name, hp.text_column, hp.cache_dir), name)
 
     def _read_eval_files(self) -> tuple[dict[str, datasets.Dataset], str | None]:
         """The validation sets and test data given as files, and the split of the held-out set (if any)."""
@@ -237,7 +230,7 @@ class MLMDataModule(L.LightningDataModule):
         hp = self.hparams
         if hp.dataset_name:
             train = load_hub(hp.dataset_name, hp.dataset_config, "train", hp.text_column, hp.cache_dir)
-            return _drop_empty(train, "train")
+            return drop_empty(train, "train")
         return self._read_files("train_files")
 
     def _load_raw(self) -> datasets.DatasetDict:
@@ -249,7 +242,7 @@ class MLMDataModule(L.LightningDataModule):
                 validation = load_hub(
                     hp.dataset_name, hp.dataset_config, "validation", hp.text_column, hp.cache_dir
                 )
-                splits[held_out], held_out = _drop_empty(validation, "validation"), None
+                splits[held_out], held_out = drop_empty(validation, "validation"), None
         splits.update(files)
         for split in splits:
             if len(splits[split]) == 0:
@@ -280,6 +273,8 @@ class MLMDataModule(L.LightningDataModule):
     @override
     def prepare_data(self) -> None:
         # Runs once per node before setup: fills datasets' fingerprint cache, which setup() then reads.
+        if self.hparams.prepared_dir:
+            return  # segmented and tokenized by ``prepare``: nothing to do on any node
         self.segmenter("预热")  # builds jieba's dictionary cache once per node; ranks and workers load it
         if not self.hparams.streaming:
             self._preprocess(self._load_raw())
@@ -291,6 +286,9 @@ class MLMDataModule(L.LightningDataModule):
         if self.hparams.streaming:
             self._setup_streaming()
             return
+        if self.hparams.prepared_dir:
+            self._setup_prepared()
+            return
         raw = self._load_raw()
         warn_overlap(raw, self.validation_sets, self.hparams.train_files)
         blocks = self._preprocess(raw)
@@ -300,17 +298,24 @@ class MLMDataModule(L.LightningDataModule):
             "train_documents": len(raw["train"]),
             "validation_documents": len(raw["validation"]),
             # Arrow compute over the memory-mapped columns: no Python copy of the corpus (flat memory).
-            "train_characters": _arrow_sum(pc.utf8_length, raw["train"], "text"),
+            "train_characters": arrow_sum(pc.utf8_length, raw["train"], "text"),
             "train_examples": len(self.train_dataset),
             "validation_examples": len(self.val_dataset),
             **other_sets,
-            "train_tokens": _arrow_sum(pc.list_value_length, self.train_dataset, "input_ids"),
+            "train_tokens": arrow_sum(pc.list_value_length, self.train_dataset, "input_ids"),
         }
         rank_zero_info(
-            "mlm_adapt data: "
-            + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in self.corpus_stats.items())
+            f"mlm_adapt data: {describe_stats(self.corpus_stats)}"
             + f" (max_seq_length {self.hparams.max_seq_length}, packing {self.hparams.packing})"
         )
+
+    def _setup_prepared(self) -> None:
+        """``setup`` from ``prepared_dir``: memory-maps the shards after checking the manifest's settings."""
+        blocks, manifest = load_prepared(self.hparams, self.tokenizer, self.validation_set_names)
+        self.train_dataset = blocks["train"]
+        self._set_eval_datasets(blocks)
+        self.corpus_stats = prepared_stats(manifest)
+        rank_zero_info(f"mlm_adapt data: {self.hparams.prepared_dir}: {describe_stats(self.corpus_stats)}")
 
     def _setup_streaming(self) -> None:
         """``setup`` for ``streaming=True``: opens the training stream, loads validation/test in memory."""

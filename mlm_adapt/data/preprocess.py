@@ -29,6 +29,11 @@ def is_non_empty(batch: dict[str, list]) -> list[bool]:
     return [bool(text and text.strip()) for text in batch["text"]]
 
 
+def drop_empty(dataset: datasets.Dataset, name: str) -> datasets.Dataset:
+    """``dataset`` without documents that hold no text (``name`` labels the progress bar)."""
+    return dataset.filter(is_non_empty, batched=True, desc=f"Dropping empty lines ({name})")
+
+
 def _tokenize_batch(
     batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, segmenter: WordSegmenter, version: int = 0
 ) -> dict:

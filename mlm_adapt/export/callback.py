@@ -14,6 +14,7 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+from mlm_adapt.data.progress import Progress
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import ExportInfo, val_metrics_at
@@ -34,7 +35,14 @@ WHOLE_WEIGHTS = (SingleDeviceStrategy, DDPStrategy)
 # would be globbed as one of them. (The datasets cache is not an input: an export inside it is harmless, and
 # overwrite never replaces it, as it is no export.)
 _MODEL_INPUTS = ("model_name_or_path", "new_tokens_file")
-_DATA_INPUTS = ("train_files", "validation_files", "test_files", "mix_files", "user_dict")
+_DATA_INPUTS = (
+    "train_files",
+    "validation_files",
+    "test_files",
+    "mix_files",
+    "user_dict",
+    "prepared_dir",
+)
 
 
 def _run_dirs(trainer: L.Trainer) -> list[str]:
@@ -266,10 +274,14 @@ class HFExport(ExportOptions, L.Callback):
             tags=self.tags,
             repo_id=self.repo_id if self.push_to_hub else None,
         )
-        diff = write_export(model, tokenizer, self._output, info, verify=self.verify)
+        progress = Progress("export", bars=trainer.progress_bar_callback is not None)
+        diff = write_export(model, tokenizer, self._output, info, verify=self.verify, progress=progress)
         check = f"; reload check: max |logit difference| {diff:.2e}" if diff is not None else ""
         after = f"; val/loss {final['val/loss']:.4f} at step {final_step}" if "val/loss" in final else ""
         rank_zero_info(f"mlm_adapt export: wrote {self.export_dir} ({source}){after}{check}")
         if self.push_to_hub:
-            url = push_folder(self.export_dir, self.repo_id, self.private, self.revision, self.commit_message)
+            with progress.phase(f"uploading to the Hub ({self.repo_id})"):
+                url = push_folder(
+                    self.export_dir, self.repo_id, self.private, self.revision, self.commit_message
+                )
             rank_zero_info(f"mlm_adapt export: pushed to {url}")

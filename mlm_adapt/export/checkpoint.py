@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlm_adapt.data.progress import Progress
 from mlm_adapt.export.callback import HFExport, hparams_inputs
 from mlm_adapt.export.card import ExportInfo, val_metrics_at
 from mlm_adapt.export.hub import check_hub_access, push_folder
@@ -30,7 +31,11 @@ class ExportResult:
 
 
 def export_checkpoint(
-    ckpt_path: str, output_dir: str, options: ExportOptions, base_model: str | None = None
+    ckpt_path: str,
+    output_dir: str,
+    options: ExportOptions,
+    base_model: str | None = None,
+    progress: Progress | None = None,
 ) -> ExportResult:
     """Writes a checkpoint of ``fit`` as a Hugging Face directory (and optionally pushes it to the Hub).
 
@@ -43,7 +48,9 @@ def export_checkpoint(
         output_dir: Directory to write.
         options: What to write and where to upload.
         base_model: Base model directory or Hub name, if the one recorded in the checkpoint is not here.
+        progress: Bars, or one line per phase with its duration (default: bars).
     """
+    progress = progress or Progress("export")
     # The checkpoint, a local base model and what the run read (as the checkpoint records it: the model it
     # started from above all) must survive the export, whatever overwrite says. The metadata is read
     # without the weights, so a refused output costs nothing.
@@ -58,8 +65,9 @@ def export_checkpoint(
     check_output(output)
     if options.push_to_hub:
         check_hub_access(options.repo_id)
-    checkpoint = load_checkpoint(ckpt_path)
-    module = module_from_checkpoint(checkpoint, base_model)
+    with progress.phase(f"loading {ckpt_path}"):
+        checkpoint = load_checkpoint(ckpt_path)
+        module = module_from_checkpoint(checkpoint, base_model)
     tokenizer = tokenizer_for(checkpoint, base_model)
     state = callback_state(checkpoint, HFExport.__qualname__)
     history = {int(k): v for k, v in (state.get("val_history") or {}).items()}
@@ -79,10 +87,11 @@ def export_checkpoint(
         tags=list(options.tags),
         repo_id=options.repo_id if options.push_to_hub else None,
     )
-    diff = write_export(module.model, tokenizer, output, info, verify=options.verify)
+    diff = write_export(module.model, tokenizer, output, info, verify=options.verify, progress=progress)
     url = None
     if options.push_to_hub:
-        url = push_folder(
-            Path(output_dir), options.repo_id, options.private, options.revision, options.commit_message
-        )
+        with progress.phase(f"uploading to the Hub ({options.repo_id})"):
+            url = push_folder(
+                Path(output_dir), options.repo_id, options.private, options.revision, options.commit_message
+            )
     return ExportResult(info, diff, url)

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import CONFIG_FILENAME, ExportInfo, render_model_card
 from mlm_adapt.guard.outputs import Output, write_directory
@@ -77,6 +78,7 @@ def write_export(
     output: Output,
     info: ExportInfo,
     verify: bool = True,
+    progress: Progress | None = None,
 ) -> float | None:
     """Writes ``model`` + ``tokenizer`` (``save_pretrained``, safetensors), the config and the model card.
 
@@ -84,14 +86,23 @@ def write_export(
     (:func:`~mlm_adapt.guard.outputs.write_directory`): it replaces an earlier export only with
     ``overwrite`` and only if the directory holds nothing but that export.
 
+    ``progress`` shows a bar over the phases, or logs one line per phase with its duration.
+
     Returns:
         The reload check's largest logit difference (``None`` when ``verify`` is off).
     """
-    with write_directory(output) as staging:
-        model.save_pretrained(staging, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
-        (staging / CONFIG_FILENAME).write_text(info.resolved_config(), encoding="utf-8")
-        title = info.repo_id.rsplit("/", 1)[-1] if info.repo_id else output.resolve().name
-        render_model_card(info, title=title).save(staging / "README.md")
-        diff = verify_export(model, tokenizer, staging, name=output.path) if verify else None
+    progress = progress or Progress("export")
+    # Publishing (the rename when the block ends) takes no time worth a phase of its own.
+    with progress.stages(2 + verify, f"Exporting to {output.path.name}"), write_directory(output) as staging:
+        with progress.phase("saving the weights (safetensors)"):
+            model.save_pretrained(staging, safe_serialization=True)
+        with progress.phase("saving the tokenizer, config and model card"):
+            tokenizer.save_pretrained(staging)
+            (staging / CONFIG_FILENAME).write_text(info.resolved_config(), encoding="utf-8")
+            title = info.repo_id.rsplit("/", 1)[-1] if info.repo_id else output.resolve().name
+            render_model_card(info, title=title).save(staging / "README.md")
+        diff = None
+        if verify:
+            with progress.phase("reloading the export to compare logits"):
+                diff = verify_export(model, tokenizer, staging, name=output.path)
     return diff

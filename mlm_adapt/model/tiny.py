@@ -1,4 +1,4 @@
-"""Builds tiny Chinese BERT checkpoints offline, for the demo, tests and benchmarks.
+"""Builds tiny (and real-size) Chinese checkpoints offline, for the demo, tests and benchmarks.
 
 The checkpoint is an ordinary Hugging Face directory (``save_pretrained``), loaded back through the same
 ``from_pretrained`` code that loads ``hfl/chinese-bert-wwm-ext``; only its size and vocabulary differ.
@@ -12,7 +12,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    BertTokenizerFast,
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+)
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -73,5 +79,63 @@ def build_tiny_bert(
     model = BertForMaskedLM(config)
     output_dir = Path(output_dir)
     model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    return output_dir
+
+
+def padded_vocab(texts: Iterable[str], size: int) -> list[str]:
+    """A Chinese character vocabulary of exactly ``size`` tokens.
+
+    :func:`chinese_vocab` of ``texts`` first, then CJK ideographs in code point order (as most of
+    bert-base-chinese's 21,128 entries are), then ``[unusedN]``.
+    """
+    vocab = chinese_vocab(texts, max_chars=size)[:size]
+    present = set(vocab)
+    fill = (chr(c) for c in range(0x4E00, 0xA000) if chr(c) not in present)
+    vocab += [ch for _, ch in zip(range(size - len(vocab)), fill, strict=False)]
+    vocab += [f"[unused{i}]" for i in range(size - len(vocab))]
+    return vocab
+
+
+def build_real_size(
+    output_dir: str | Path, texts: Iterable[str], family: str = "bert", seed: int = 0
+) -> Path:
+    """Writes a randomly initialized model of a real checkpoint's size, offline (benchmarks, GPU check).
+
+    Args:
+        output_dir: Where to write.
+        texts: Text whose characters come first in the vocabulary.
+        family: ``bert``: bert-base-chinese's shape (12 x 768, FFN 3072, vocabulary 21,128, 102 M
+            parameters); ``modernbert``: ModernBERT-base's (22 x 768, FFN 1152, vocabulary 50,368, alternating
+            global/128-token local attention, 150 M parameters), with the same kind of character vocabulary.
+        seed: Seed for the random initialization.
+    """
+    vocab = padded_vocab(texts, 21_128 if family == "bert" else 50_368)
+    tokenizer = BertTokenizerFast(vocab={tok: i for i, tok in enumerate(vocab)}, do_lower_case=True)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("[PAD]", "[CLS]", "[SEP]")}
+    torch.manual_seed(seed)
+    if family == "bert":
+        config = BertConfig(vocab_size=len(vocab), max_position_embeddings=512, pad_token_id=ids["[PAD]"])
+        model = BertForMaskedLM(config)
+    elif family == "modernbert":
+        config = ModernBertConfig(
+            vocab_size=len(vocab),
+            hidden_size=768,
+            num_hidden_layers=22,
+            num_attention_heads=12,
+            intermediate_size=1152,
+            max_position_embeddings=8192,
+            pad_token_id=ids["[PAD]"],
+            cls_token_id=ids["[CLS]"],
+            sep_token_id=ids["[SEP]"],
+            bos_token_id=ids["[CLS]"],
+            eos_token_id=ids["[SEP]"],
+        )
+        model = ModernBertForMaskedLM(config)
+    else:
+        raise ValueError(f"family must be 'bert' or 'modernbert', got {family!r}")
+    output_dir = Path(output_dir)
+    model.save_pretrained(output_dir)
+    tokenizer.model_max_length = 512
     tokenizer.save_pretrained(output_dir)
     return output_dir

