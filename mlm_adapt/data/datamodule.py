@@ -16,13 +16,15 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
+from mlm_adapt.data.collators import check_masking, make_collator, train_collator
+from mlm_adapt.data.mask_rates import MaskRates, Stepping, trainer_stepping
 from mlm_adapt.data.preprocess import is_non_empty, mix_documents, to_blocks
 from mlm_adapt.data.samplers import KeyedDataset, train_sampler
 from mlm_adapt.data.streaming import StreamingCorpus, load_hub_stream, load_stream
 from mlm_adapt.data.validation_sets import ValidationFiles, ValidationSets, check_forgetting_warning
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import MaskingScheme, WholeWordMaskCollator
-from mlm_adapt.masking.sampler import check_probabilities
+from mlm_adapt.masking.schedule import RateSpec
 from mlm_adapt.text.corpus import expand_files, load_files, load_hub
 from mlm_adapt.text.segment import Segmenter, SegmenterBackend
 from mlm_adapt.text.tokenizer import load_tokenizer
@@ -64,7 +66,10 @@ class MLMDataModule(L.LightningDataModule):
         segmenter: Word segmenter backend: ``rjieba`` (fast) or ``jieba``; same dictionary, same words.
         hmm: Let jieba's HMM join unknown characters into words (off: both backends agree exactly).
         user_dict: A jieba user dictionary (``word [freq] [tag]`` per line) for domain terms.
-        mlm_probability: Expected fraction of maskable tokens to predict.
+        mlm_probability: Expected fraction of maskable tokens to predict in training: a rate, or a schedule
+            of ``[fraction_of_training, rate]`` points, linear in between over the optimizer steps (e.g.
+            ``[[0.0, 0.3], [1.0, 0.15]]``; recipes in docs/recipe.md). Logged as ``train/mask_rate``.
+        eval_mlm_probability: The fixed rate of validation and test masks (comparable across the run).
         mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
         random_replace_prob: Fraction of selected words replaced by random tokens (the rest stay unchanged).
         masking: Training masking unit: ``whole_word`` (jieba words), ``ngram`` (MacBERT-style spans of 1-4
@@ -108,7 +113,8 @@ class MLMDataModule(L.LightningDataModule):
         segmenter: SegmenterBackend = "rjieba",
         hmm: bool = False,
         user_dict: str | None = None,
-        mlm_probability: float = 0.15,
+        mlm_probability: RateSpec = 0.15,
+        eval_mlm_probability: float = 0.15,
         mask_replace_prob: float = 0.8,
         random_replace_prob: float = 0.1,
         masking: MaskingScheme = "whole_word",
@@ -130,7 +136,7 @@ class MLMDataModule(L.LightningDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        check_probabilities(mlm_probability, mask_replace_prob, random_replace_prob)
+        self.masking_schedule = check_masking(self.hparams)
         if not train_files and not dataset_name:
             raise MLMAdaptError("data.train_files is empty; give text files or globs (or data.dataset_name)")
         if not 0.0 <= validation_split < 1.0:
@@ -177,26 +183,13 @@ class MLMDataModule(L.LightningDataModule):
 
     @cached_property
     def collator(self) -> WholeWordMaskCollator:
-        """The whole-word-masking collator of validation and test (fixed masks, whatever ``masking`` is)."""
-        return self._make_collator("whole_word")
+        """Validation and test masks: whole words at ``eval_mlm_probability``, fixed whatever the training."""
+        return make_collator(self.tokenizer, self.hparams, "whole_word", self.hparams.eval_mlm_probability)
 
     @cached_property
     def train_collator(self) -> WholeWordMaskCollator:
-        """The training collator, masking ``data.masking`` units."""
-        masking = self.hparams.masking
-        return self.collator if masking == "whole_word" else self._make_collator(masking)
-
-    def _make_collator(self, masking: MaskingScheme) -> WholeWordMaskCollator:
-        hp = self.hparams
-        return WholeWordMaskCollator(
-            self.tokenizer,
-            mlm_probability=hp.mlm_probability,
-            mask_replace_prob=hp.mask_replace_prob,
-            random_replace_prob=hp.random_replace_prob,
-            pad_to_multiple_of=hp.pad_to_multiple_of,
-            seed=hp.seed,
-            masking=masking,
-        )
+        """The training collator, masking ``data.masking`` units at the scheduled rate."""
+        return train_collator(self.tokenizer, self.hparams, self.collator)
 
     def _mix_general(self, train: datasets.Dataset) -> datasets.Dataset:
         """Interleaves general documents into ``train`` at ``mix_probability``, keeping every domain one."""
@@ -373,8 +366,13 @@ class MLMDataModule(L.LightningDataModule):
             return self._loader(blocks, hp.batch_size, stateful=True, collator=self.train_collator)
         grouped = hp.group_by_length and not hp.packing
         sampler = train_sampler(self.train_dataset, world_size, rank, hp.seed, grouped, hp.batch_size)
+        if not self.masking_schedule.constant:
+            sampler.mask_rates = MaskRates(self.masking_schedule, hp.batch_size, self._stepping)
         dataset = KeyedDataset(self.train_dataset)
         return self._loader(dataset, hp.batch_size, sampler, stateful=True, collator=self.train_collator)
+
+    def _stepping(self) -> Stepping:
+        return trainer_stepping(self.trainer)
 
     def _eval_batch_size(self) -> int:
         return self.hparams.eval_batch_size or self.hparams.batch_size  # never 0: refused in __init__

@@ -20,7 +20,8 @@ class WholeWordMaskCollator:
 
     Args:
         tokenizer: The model's tokenizer (needs a mask token).
-        mlm_probability: Expected fraction of maskable tokens to predict.
+        mlm_probability: Expected fraction of maskable tokens to predict; an example carrying a
+            ``mask_rate`` (set by a masking-rate schedule) is masked at that rate instead.
         mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
         random_replace_prob: Fraction of selected words replaced by random ordinary tokens.
         pad_to_multiple_of: Pad the batch length up to a multiple of this (tensor-core friendly); 1 for none.
@@ -91,10 +92,21 @@ class WholeWordMaskCollator:
         epoch = torch.tensor([int(f.get("epoch", 0)) for f in features], dtype=torch.int64)
         return example_keys(self.seed, epoch, example_id)
 
+    def rates(self, features: Sequence[dict[str, Any]]) -> float | torch.Tensor:
+        """The masking rate: ``mlm_probability``, or a ``(B, 1)`` tensor of the examples' ``mask_rate``."""
+        if not any("mask_rate" in f for f in features):
+            return self.mlm_probability
+        rates = [float(f.get("mask_rate", self.mlm_probability)) for f in features]
+        return torch.tensor(rates, dtype=torch.float32)[:, None]
+
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """Collates examples with ``input_ids`` and ``word_ids`` (optionally ``example_id``, ``epoch``)."""
+        """Collates examples with ``input_ids`` and ``word_ids`` (optionally ``example_id``, ``epoch``,
+        ``mask_rate``); ``maskable_tokens`` counts the tokens that could have been masked (the denominator
+        of the realized masking rate)."""
         batch = self.pad(features)
         keys = self.keys(features)
+        maskable = (batch["word_ids"] >= 0) & ~torch.isin(batch["input_ids"], self.special_token_ids)
+        batch["maskable_tokens"] = maskable.sum()
         batch["input_ids"], batch["labels"] = whole_word_mask(
             batch["input_ids"],
             masking_units(batch["word_ids"], keys, self.masking),
@@ -102,7 +114,7 @@ class WholeWordMaskCollator:
             mask_token_id=self.mask_token_id,
             random_token_ids=self.random_token_ids,
             special_token_ids=self.special_token_ids,
-            mlm_probability=self.mlm_probability,
+            mlm_probability=self.rates(features),
             mask_replace_prob=self.mask_replace_prob,
             random_replace_prob=self.random_replace_prob,
         )

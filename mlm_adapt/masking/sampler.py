@@ -55,7 +55,7 @@ def whole_word_mask(
     mask_token_id: int,
     random_token_ids: torch.Tensor,
     special_token_ids: torch.Tensor,
-    mlm_probability: float = 0.15,
+    mlm_probability: float | torch.Tensor = 0.15,
     mask_replace_prob: float = 0.8,
     random_replace_prob: float = 0.1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +68,8 @@ def whole_word_mask(
         mask_token_id: Id of ``[MASK]``.
         random_token_ids: Ids random replacements are drawn from.
         special_token_ids: Ids that are never masked, whatever their word id.
-        mlm_probability: Expected fraction of maskable tokens to predict.
+        mlm_probability: Expected fraction of maskable tokens to predict: one rate, or a ``(B, 1)`` float
+            tensor of per-example rates.
         mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
         random_replace_prob: Fraction of selected words replaced by random tokens (the rest are kept).
 

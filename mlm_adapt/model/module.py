@@ -212,6 +212,10 @@ class MaskedLMModule(L.LightningModule):
 
     @override
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if "maskable_tokens" in batch:  # the realized rate, to check a masking-rate schedule against
+            maskable = batch["maskable_tokens"].sum().clamp(min=1)
+            rate = (batch["labels"] != -100).sum() / maskable
+            self.log("train/mask_rate", rate.float(), batch_size=batch["input_ids"].shape[0])
         return self._shared_step(batch, "train")
 
     @override
