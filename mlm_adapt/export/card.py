@@ -74,6 +74,10 @@ def _is_hub_id(name: str) -> bool:
     return not Path(name).exists() and name.count("/") == 1 and not name.startswith((".", "/"))
 
 
+# Card rows whose string values are shown as they are (not formatted as numbers).
+_VERBATIM = ("masking", "validation data", "mlm_probability")
+
+
 def _masking_rate(value: Any) -> str | None:
     """``data.mlm_probability`` as the card shows it: the rate, or the schedule's points."""
     return None if value is None else parse_schedule(value).describe()
@@ -193,7 +197,7 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     for heading, rows in (("Corpus", corpus), ("Masking", masking), ("Training", _training_settings(info))):
         shown = [(k, v) for k, v in rows if v is not None or k == "user dictionary"]
         lines += ["", f"## {heading}", ""] + [
-            f"- {k}: {v if isinstance(v, str) and k in ('masking', 'validation data', 'mlm_probability') else _fmt(v)}"
+            f"- {k}: {v if isinstance(v, str) and k in _VERBATIM else _fmt(v)}"
             for k, v in shown
         ]
     lines += [
