@@ -13,12 +13,16 @@ from mlm_adapt.masking.schedule import MaskingSchedule, parse_schedule
 
 
 def check_masking(hparams: Any) -> MaskingSchedule:
-    """Validates the masking settings of ``MLMDataModule`` hyperparameters; returns the training schedule."""
+    """Validates the masking (and document attention) settings of ``MLMDataModule`` hyperparameters; returns the training schedule."""
     schedule = parse_schedule(hparams["mlm_probability"])
     eval_rate = hparams.get("eval_mlm_probability", 0.15)
     if isinstance(eval_rate, bool) or not isinstance(eval_rate, int | float) or not 0.0 < eval_rate < 1.0:
         raise MLMAdaptError(f"data.eval_mlm_probability={eval_rate!r} must be a rate in (0, 1), e.g. 0.15")
     check_probabilities(schedule.initial_rate, hparams["mask_replace_prob"], hparams["random_replace_prob"])
+    if hparams.get("document_attention") and hparams.get("streaming"):
+        raise MLMAdaptError(
+            "data.document_attention is not available with data.streaming; set one of them to false"
+        )
     if not schedule.constant and hparams.get("streaming"):
         # A stream has no loader positions to derive steps from (workers split files, not batches).
         raise MLMAdaptError(
@@ -40,6 +44,8 @@ def make_collator(
         pad_to_multiple_of=hparams["pad_to_multiple_of"],
         seed=hparams["seed"],
         masking=masking,
+        # Unpacked blocks hold one document each: nothing to separate.
+        document_attention=bool(hparams.get("document_attention")) and hparams["packing"],
     )
 
 

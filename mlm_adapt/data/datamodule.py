@@ -63,6 +63,9 @@ class MLMDataModule(L.LightningDataModule):
             the CLI.
         packing: Concatenate documents into full ``max_seq_length`` blocks (no padding waste). With
             ``false``, each line is its own example; a line longer than a block continues in the next one.
+        document_attention: With ``packing``, every document in a block gets its own ``[CLS]``/``[SEP]``,
+            restarting positions, and attends only to itself (as if run alone); the model must support it
+            (BERT, RoBERTa/XLM-R, ELECTRA, ALBERT, ModernBERT) or setup refuses. See docs/recipe.md.
         segmenter: Word segmenter backend: ``rjieba`` (fast) or ``jieba``; same dictionary, same words.
         hmm: Let jieba's HMM join unknown characters into words (off: both backends agree exactly).
         user_dict: A jieba user dictionary (``word [freq] [tag]`` per line) for domain terms.
@@ -110,6 +113,7 @@ class MLMDataModule(L.LightningDataModule):
         tokenizer_name_or_path: str = "hfl/chinese-bert-wwm-ext",
         max_seq_length: int = 512,
         packing: bool = True,
+        document_attention: bool = False,
         segmenter: SegmenterBackend = "rjieba",
         hmm: bool = False,
         user_dict: str | None = None,
@@ -256,6 +260,7 @@ class MLMDataModule(L.LightningDataModule):
             self.segmenter,
             hp.max_seq_length,
             hp.packing,
+            document_delimiters=hp.document_attention,
             num_proc=hp.preprocessing_num_workers,
         )
 

@@ -17,6 +17,7 @@ from transformers import get_scheduler
 from typing_extensions import override
 
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.model.documents import check_document_attention, document_inputs
 from mlm_adapt.model.heads import split_head
 from mlm_adapt.model.loading import extend_embeddings, load_masked_lm
 from mlm_adapt.model.metrics import WordAccuracy, validation_prefix, word_keys
@@ -127,6 +128,9 @@ class MaskedLMModule(L.LightningModule):
 
     @override
     def setup(self, stage: str) -> None:
+        data_hparams = getattr(self.trainer.datamodule, "hparams", None) or {}
+        if data_hparams.get("document_attention"):  # refuse before any step, in one line
+            check_document_attention(self.model)
         # Before the strategy moves and wraps the module: one set of metrics per validation set.
         for index in range(1, len(getattr(self.trainer.datamodule, "validation_set_names", ()))):
             self._validation_prefix(index)
@@ -155,6 +159,10 @@ class MaskedLMModule(L.LightningModule):
         if self.hparams.mask_attention == "exclude":
             attention_mask = attention_mask * (batch["input_ids"] != self.mask_token_id)
         inputs = {"input_ids": batch["input_ids"], "attention_mask": attention_mask}
+        if "document_ids" in batch:  # data.document_attention: packed documents attend only to themselves
+            inputs.update(
+                document_inputs(self.model, attention_mask, batch["document_ids"], batch["position_ids"])
+            )
         if self.head_split is None:
             logits = self.model(**inputs).logits
             return logits[selected], labels[selected]
