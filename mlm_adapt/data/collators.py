@@ -13,7 +13,7 @@ from mlm_adapt.masking.schedule import MaskingSchedule, parse_schedule
 
 
 def check_masking(hparams: Any) -> MaskingSchedule:
-    """Validates the masking (and document attention) settings of ``MLMDataModule`` hyperparameters; returns the training schedule."""
+    """Validates ``MLMDataModule``'s masking (and document attention) settings; returns the schedule."""
     schedule = parse_schedule(hparams["mlm_probability"])
     eval_rate = hparams.get("eval_mlm_probability", 0.15)
     if isinstance(eval_rate, bool) or not isinstance(eval_rate, int | float) or not 0.0 < eval_rate < 1.0:
