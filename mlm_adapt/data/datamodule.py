@@ -376,8 +376,8 @@ class MLMDataModule(L.LightningDataModule):
         dataset = KeyedDataset(self.train_dataset)
         return self._loader(dataset, hp.batch_size, sampler, stateful=True, collator=self.train_collator)
 
-    def _stepping(self) -> Stepping:
-        return trainer_stepping(self.trainer)
+    def _stepping(self, loader_batches: int) -> Stepping:
+        return trainer_stepping(self.trainer, loader_batches)
 
     def _eval_batch_size(self) -> int:
         return self.hparams.eval_batch_size or self.hparams.batch_size  # never 0: refused in __init__

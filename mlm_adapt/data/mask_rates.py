@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking.schedule import MaskingSchedule
 
 
@@ -37,14 +38,31 @@ class Stepping:
         return epoch * steps_per_epoch + batch_in_epoch // self.accumulate
 
 
-def trainer_stepping(trainer: Any) -> Stepping:
-    """The :class:`Stepping` of a Lightning trainer whose train loader is set up (not inside
-    ``train_dataloader``: ``estimated_stepping_batches`` would build the loader again)."""
-    return Stepping(
-        int(trainer.num_training_batches),
-        int(trainer.accumulate_grad_batches),
-        int(trainer.estimated_stepping_batches),
-    )
+def trainer_stepping(trainer: Any, loader_batches: int) -> Stepping:
+    """The :class:`Stepping` of a Lightning trainer for a train loader of ``loader_batches`` batches.
+
+    Computed from the trainer's settings with Lightning's own rules (``limit_train_batches``, a step at the
+    end of every epoch, ``estimated_stepping_batches``) rather than read from ``num_training_batches``: an
+    exact resume fast-forwards the sampler before Lightning has counted the batches.
+
+    Raises:
+        MLMAdaptError: When the run has no length (``max_steps`` and ``max_epochs`` both unlimited).
+    """
+    limit = trainer.limit_train_batches
+    batches = min(loader_batches, limit) if isinstance(limit, int) else int(loader_batches * limit)
+    accumulate = int(trainer.accumulate_grad_batches)
+    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+    if max_epochs is None or max_epochs == -1:
+        if max_steps is None or max_steps < 0:
+            raise MLMAdaptError(
+                "data.mlm_probability: a masking-rate schedule needs a run length; "
+                "set trainer.max_steps or trainer.max_epochs"
+            )
+        total = max_steps
+    else:
+        total = math.ceil(batches / accumulate) * max(max_epochs, 1)
+        total = min(total, max_steps) if max_steps is not None and max_steps != -1 else total
+    return Stepping(batches, accumulate, int(total))
 
 
 class MaskRates:
@@ -53,18 +71,17 @@ class MaskRates:
     Args:
         schedule: The masking-rate schedule.
         batch_size: Examples per batch and rank.
-        stepping: Called once per epoch, when the sampler starts: the current :class:`Stepping` (lazily,
-            because the trainer knows the number of steps only after the loader exists).
+        stepping: Called once per epoch with the number of loader batches: the :class:`Stepping`.
     """
 
-    def __init__(self, schedule: MaskingSchedule, batch_size: int, stepping: Callable[[], Stepping]):
+    def __init__(self, schedule: MaskingSchedule, batch_size: int, stepping: Callable[[int], Stepping]):
         self.schedule = schedule
         self.batch_size = batch_size
         self.stepping = stepping
 
-    def keyed(self, epoch: int, indices: Iterable[int]) -> Iterator[tuple[int, int, float]]:
-        """``(epoch, index, rate)`` for this rank's indices of an epoch, in order."""
-        stepping = self.stepping()
+    def keyed(self, epoch: int, indices: Iterable[int], n_indices: int) -> Iterator[tuple[int, int, float]]:
+        """``(epoch, index, rate)`` for this rank's ``n_indices`` indices of an epoch, in order."""
+        stepping = self.stepping(math.ceil(n_indices / self.batch_size))
         rate, last_batch = 0.0, -1
         for position, index in enumerate(indices):
             batch = position // self.batch_size

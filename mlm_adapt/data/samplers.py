@@ -29,7 +29,7 @@ class EpochSampler(DistributedSampler):
     def _keyed(self, indices: Iterable[int]):
         epoch = self.epoch
         if self.mask_rates is not None:
-            return self.mask_rates.keyed(epoch, indices)
+            return self.mask_rates.keyed(epoch, indices, len(self))
         return ((epoch, index) for index in indices)
 
     @override

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import make_datamodule, quiet_trainer
 
-from mlm_adapt.data.mask_rates import Stepping
+from mlm_adapt.data.mask_rates import Stepping, trainer_stepping
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import ExportInfo, render_model_card
 from mlm_adapt.masking.schedule import parse_schedule
@@ -33,6 +33,9 @@ def _attach_trainer(dm, world_size=1, rank=0, accumulate=ACCUMULATE):
     dm.trainer = SimpleNamespace(
         world_size=world_size,
         global_rank=rank,
+        limit_train_batches=1.0,
+        max_epochs=1,
+        max_steps=-1,
         num_training_batches=batches,
         accumulate_grad_batches=accumulate,
         estimated_stepping_batches=math.ceil(batches / accumulate),
@@ -139,19 +142,37 @@ def test_bad_masking_settings_fail_at_construction(
 class _RateLog(L.Callback):
     def __init__(self):
         self.rates: list[float] = []
+        self.stepping: tuple[Stepping, Stepping] | None = None
+
+    def on_train_start(self, trainer, pl_module):
+        ours = trainer_stepping(trainer, len(trainer.train_dataloader))
+        lightning = Stepping(
+            trainer.num_training_batches, trainer.accumulate_grad_batches, trainer.estimated_stepping_batches
+        )
+        self.stepping = (ours, lightning)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.rates.append(float(trainer.callback_metrics["train/mask_rate"]))
 
 
-def test_fit_logs_the_scheduled_rate(tiny_model_dir, corpus_file, tmp_path):
-    dm = make_datamodule(tiny_model_dir, corpus_file, tmp_path, mlm_probability=[[0.0, 0.4], [1.0, 0.1]])
+@pytest.mark.parametrize(
+    "run",
+    [dict(max_steps=12), dict(max_epochs=2, limit_train_batches=0.1, accumulate_grad_batches=2)],
+    ids=["max_steps", "epochs_limit_accumulate"],
+)
+def test_fit_logs_the_scheduled_rate(tiny_model_dir, corpus_file, tmp_path, run):
+    workers = 2 if "max_epochs" in run else 0  # workers prefetch before Lightning counts the batches
+    dm = make_datamodule(
+        tiny_model_dir, corpus_file, tmp_path, mlm_probability=[[0.0, 0.4], [1.0, 0.1]], num_workers=workers
+    )
     module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64)
     log = _RateLog()
-    trainer = quiet_trainer(max_steps=12, limit_val_batches=0, callbacks=[log], log_every_n_steps=1)
+    trainer = quiet_trainer(**run, limit_val_batches=0, callbacks=[log], log_every_n_steps=1)
     trainer.fit(module, datamodule=dm)
-    assert len(log.rates) == 12
-    assert sum(log.rates[:3]) / 3 > 0.33 and sum(log.rates[-3:]) / 3 < 0.17
+    ours, lightning = log.stepping
+    assert ours == lightning  # the sampler's steps are Lightning's
+    assert len(log.rates) >= 12
+    assert sum(log.rates[:4]) / 4 > 0.32 and sum(log.rates[-4:]) / 4 < 0.2
 
 
 def test_model_card_records_the_schedule():
