@@ -19,7 +19,7 @@ from typing_extensions import override
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.documents import check_document_attention, document_inputs
 from mlm_adapt.model.heads import split_head
-from mlm_adapt.model.loading import extend_embeddings, load_masked_lm
+from mlm_adapt.model.loading import enable_gradient_checkpointing, extend_embeddings, load_masked_lm
 from mlm_adapt.model.metrics import WordAccuracy, validation_prefix, word_keys
 from mlm_adapt.model.throughput import MLMThroughputMonitor, mlm_flops
 from mlm_adapt.text.tokenizer import load_tokenizer, read_new_tokens
@@ -58,6 +58,9 @@ class MaskedLMModule(L.LightningModule):
         compile: ``torch.compile`` the encoder and head (in place: checkpoints and exports are unchanged).
             Pays off on GPUs for long runs; the first steps are slow while it compiles.
         compile_options: Keyword arguments for ``torch.compile`` (e.g. ``{mode: max-autotune}``).
+        gradient_checkpointing: Recompute each layer's activations in the backward pass instead of keeping
+            them (transformers' ``gradient_checkpointing_enable``, non-reentrant: works with compile, DDP and
+            FSDP): much less activation memory for about a third more compute. Same loss and gradients.
         log_throughput: Add :class:`~mlm_adapt.model.throughput.MLMThroughputMonitor` (tokens/s, samples/s,
             non-padding fraction, MFU on GPU) unless the trainer already has a ``ThroughputMonitor``.
     """
@@ -77,6 +80,7 @@ class MaskedLMModule(L.LightningModule):
         compile: bool = False,
         compile_options: dict[str, Any] | None = None,
         log_throughput: bool = True,
+        gradient_checkpointing: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer"])
@@ -99,6 +103,8 @@ class MaskedLMModule(L.LightningModule):
                 extend_embeddings(self.model, tokenizer, read_new_tokens(new_tokens_file))
         if mask_attention == "exclude":
             rank_zero_warn(_EXCLUDE_WARNING)
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(self.model)
         self.head_split = split_head(self.model) if masked_only_head else None
         # Metrics per evaluation prefix: ``val``, ``test`` and ``val_<name>`` of further validation sets.
         self.accuracy, self.word_accuracy, self.perplexity = nn.ModuleDict(), nn.ModuleDict(), nn.ModuleDict()
