@@ -85,7 +85,8 @@ def main() -> None:
         ]
         shape = tuple(ours(feats)["input_ids"].shape)
         hf = hf_features(texts[:batch_size], tokenizer, length, shape[1], packed)
-        hf_ids = [{"input_ids": f["input_ids"]} for f in hf]
+        # transformers' advice: pass special_tokens_mask, or the collator recomputes it per row.
+        hf_ids = [{"input_ids": f["input_ids"], "special_tokens_mask": f["special_tokens_mask"]} for f in hf]
         ms = interleaved_ms(
             {
                 "mlm_adapt whole-word": lambda feats=feats: ours(feats),
