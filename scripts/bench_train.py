@@ -53,7 +53,7 @@ def run_fit(model_dir: Path, corpus: Path, extra: list[str], steps: int, batch_s
         "fit",
         f"--model.model_name_or_path={model_dir}",
         f"--data.train_files=[{corpus}]",
-        "--data.max_seq_length=128",
+        "--model.max_seq_length=128",
         f"--data.batch_size={batch_size}",
         f"--data.cache_dir={BENCH_DIR / 'hf_cache'}",
         f"--trainer.max_steps={WARMUP + steps}",

@@ -61,6 +61,10 @@ class WholeWordMaskCollator:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.random_token_ids = ordinary_token_ids(tokenizer)
         self.special_token_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.int64)
+        # A per-id table: one gather instead of torch.isin over the batch. Ids past the tokenizer (which no
+        # embedding could look up either) are clipped onto the last entry rather than raising here.
+        self.is_special = np.zeros(max(len(tokenizer), int(self.special_token_ids.max()) + 1), dtype=bool)
+        self.is_special[self.special_token_ids.numpy()] = True
         self.mlm_probability = mlm_probability
         self.mask_replace_prob = mask_replace_prob
         self.random_replace_prob = random_replace_prob
@@ -124,7 +128,8 @@ class WholeWordMaskCollator:
         of the realized masking rate)."""
         batch = self.pad(features)
         keys = self.keys(features)
-        maskable = (batch["word_ids"] >= 0) & ~torch.isin(batch["input_ids"], self.special_token_ids)
+        special = np.take(self.is_special, batch["input_ids"].numpy(), mode="clip")
+        maskable = (batch["word_ids"] >= 0) & ~torch.from_numpy(special)
         batch["maskable_tokens"] = maskable.sum()
         if self.document_attention:
             batch.update(self.documents(batch["input_ids"], batch["word_ids"], batch["attention_mask"]))
@@ -138,5 +143,6 @@ class WholeWordMaskCollator:
             mlm_probability=self.rates(features),
             mask_replace_prob=self.mask_replace_prob,
             random_replace_prob=self.random_replace_prob,
+            maskable=maskable,
         )
         return batch

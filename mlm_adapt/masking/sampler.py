@@ -58,6 +58,7 @@ def whole_word_mask(
     mlm_probability: float | torch.Tensor = 0.15,
     mask_replace_prob: float = 0.8,
     random_replace_prob: float = 0.1,
+    maskable: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masks whole words of a padded batch.
 
@@ -72,12 +73,15 @@ def whole_word_mask(
             tensor of per-example rates.
         mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
         random_replace_prob: Fraction of selected words replaced by random tokens (the rest are kept).
+        maskable: ``(B, L)`` tokens that may be masked, when the caller has them already: word id >= 0 and
+            not in ``special_token_ids``.
 
     Returns:
         ``(masked_input_ids, labels)``; labels are -100 except at selected positions.
     """
     batch, length = input_ids.shape
-    maskable = (word_ids >= 0) & ~torch.isin(input_ids, special_token_ids)
+    if maskable is None:
+        maskable = (word_ids >= 0) & ~torch.isin(input_ids, special_token_ids)
     word_index = word_ids.clamp(min=0)
     # Compact ids never exceed the sequence length; slots above the largest id hold no word, and no sort
     # places them before a present word, so they can be left out without changing any result.
