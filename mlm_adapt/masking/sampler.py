@@ -22,7 +22,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.masking.hashing import key_array, uniform_np
+from mlm_adapt.masking.hashing import key_array, uniform_at_np, uniform_np
 from mlm_adapt.text import vocabulary
 
 
@@ -79,7 +79,7 @@ def whole_word_mask(
     Returns:
         ``(masked_input_ids, labels)``; labels are -100 except at selected positions.
     """
-    batch, length = input_ids.shape
+    batch = input_ids.shape[0]
     if maskable is None:
         maskable = (word_ids >= 0) & ~torch.isin(input_ids, special_token_ids)
     word_index = word_ids.clamp(min=0)
@@ -108,13 +108,13 @@ def whole_word_mask(
 
     selected = chosen.gather(1, word_index) & maskable
     labels = torch.where(selected, input_ids, -100)
-    random_tokens = random_token_ids[
-        (torch.from_numpy(uniform_np(keys32, length, 3)) * len(random_token_ids))
-        .long()
-        .clamp(max=len(random_token_ids) - 1)
-    ]
     masked = torch.where(selected & to_mask_word.gather(1, word_index), mask_token_id, input_ids)
-    masked = torch.where(selected & to_random_word.gather(1, word_index), random_tokens, masked)
+    # Random tokens only where they go (~1.5% of positions): the draws of stream 3 at those positions.
+    rows, cols = (selected & to_random_word.gather(1, word_index)).nonzero(as_tuple=True)
+    if len(rows):
+        draws = torch.from_numpy(uniform_at_np(keys32[rows.numpy()], cols.numpy(), 3))
+        n_random = len(random_token_ids)
+        masked[rows, cols] = random_token_ids[(draws * n_random).long().clamp(max=n_random - 1)]
     return masked, labels
 
 
