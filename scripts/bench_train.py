@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,8 +45,8 @@ HF = "transformers Trainer + DataCollatorForLanguageModeling"
 
 def run_fit(model_dir: Path, corpus: Path, extra: list[str], steps: int, batch_size: int, env: dict) -> float:
     """Samples/s of ``python -m mlm_adapt fit`` (a fresh process) over ``steps`` steps after the warm-up."""
-    clock = BENCH_DIR / "clock.txt"
-    clock.unlink(missing_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix="fit_run_", dir=BENCH_DIR))  # private: other runs share BENCH_DIR
+    clock = run_dir / "clock.txt"
     command = [
         sys.executable,
         "-m",
@@ -57,7 +58,7 @@ def run_fit(model_dir: Path, corpus: Path, extra: list[str], steps: int, batch_s
         f"--data.batch_size={batch_size}",
         f"--data.cache_dir={BENCH_DIR / 'hf_cache'}",
         f"--trainer.max_steps={WARMUP + steps}",
-        f"--trainer.default_root_dir={BENCH_DIR / 'fit_runs'}",
+        f"--trainer.default_root_dir={run_dir}",
         "--trainer.enable_progress_bar=false",
         "--trainer.callbacks+=_bench_clock.StepClock",
         f"--trainer.callbacks.path={clock}",
@@ -68,6 +69,7 @@ def run_fit(model_dir: Path, corpus: Path, extra: list[str], steps: int, batch_s
     if result.returncode != 0:
         raise RuntimeError(f"fit {extra} failed:\n{result.stderr[-3000:]}")
     times = [float(t) for t in clock.read_text().split()]
+    shutil.rmtree(run_dir, ignore_errors=True)
     return steps * batch_size / (times[-1] - times[WARMUP - 1])
 
 
