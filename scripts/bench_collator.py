@@ -2,8 +2,8 @@
 
 Same sequences, one CPU thread, ms per batch (median of interleaved rounds) for 32x512 (packed reviews)
 and 256x128 (line-by-line reviews, padded per batch). Baselines: transformers' whole-word mode (words from
-``offset_mapping``, a batch x L x L comparison) and its token-level mode. Goal: >= 7x faster than the
-whole-word baseline.
+``offset_mapping``, a batch x L x L comparison) and its token-level mode, each fed the inputs transformers
+recommends (``special_tokens_mask``). Goal: >= 20x faster than the whole-word baseline.
 
     python scripts/bench_collator.py [--rounds 7]
 """
