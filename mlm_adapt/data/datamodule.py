@@ -14,7 +14,10 @@ from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
+from mlm_adapt.data.arguments import check_arguments
+from mlm_adapt.data.collators import check_masking, make_collator, train_collator
 from mlm_adapt.data.loader_state import WorkerCountFreeLoader
+from mlm_adapt.data.mask_rates import MaskRates, Stepping, trainer_stepping
 from mlm_adapt.data.prepared import arrow_sum, describe_stats, load_prepared, prepared_stats
 from mlm_adapt.data.preprocess import drop_empty, mix_documents, to_blocks
 from mlm_adapt.data.samplers import KeyedDataset, train_sampler
@@ -28,7 +31,7 @@ from mlm_adapt.data.validation_sets import (
 )
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import MaskingScheme, WholeWordMaskCollator
-from mlm_adapt.masking.sampler import check_probabilities
+from mlm_adapt.masking.schedule import RateSpec
 from mlm_adapt.text.chinese_variants import OpenCCConfig
 from mlm_adapt.text.corpus import expand_files, load_files, load_hub
 from mlm_adapt.text.segmentation import BuiltinSegmenter, Segmentation
@@ -57,12 +60,18 @@ class MLMDataModule(L.LightningDataModule):
             the CLI.
         packing: Concatenate documents into full ``max_seq_length`` blocks (no padding waste). With
             ``false``, each line is its own example; a line longer than a block continues in the next one.
+        document_attention: With ``packing``, every document in a block gets its own ``[CLS]``/``[SEP]``,
+            restarting positions, and attends only to itself (as if run alone); the model must support it
+            (BERT, RoBERTa/XLM-R, ELECTRA, ALBERT, ModernBERT) or setup refuses. See docs/recipe.md.
         segmenter: ``rjieba`` (fast) or ``jieba`` (same words), ``thulac``, ``snownlp``, ``pkuseg``, or a
             class_path/init_args of any class whose ``segment(texts)`` words join back (docs/segmenters.md).
         hmm: Let jieba's HMM join unknown characters into words (off: both backends agree exactly).
         user_dict: A jieba user dictionary (``word [freq] [tag]`` per line) for domain terms.
         opencc: Traditional Chinese: segment a ``t2s``/``tw2s``/``hk2s``-converted copy, keep the original.
-        mlm_probability: Expected fraction of maskable tokens to predict.
+        mlm_probability: Expected fraction of maskable tokens to predict in training: a rate, or a schedule
+            of ``[fraction_of_training, rate]`` points, linear in between over the optimizer steps (e.g.
+            ``[[0.0, 0.3], [1.0, 0.15]]``; recipes in docs/recipe.md). Logged as ``train/mask_rate``.
+        eval_mlm_probability: The fixed rate of validation and test masks (comparable across the run).
         mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
         random_replace_prob: Fraction of selected words replaced by random tokens (the rest stay unchanged).
         masking: Training masking unit: ``whole_word`` (jieba words), ``ngram`` (MacBERT-style spans of 1-4
@@ -105,11 +114,13 @@ class MLMDataModule(L.LightningDataModule):
         tokenizer_name_or_path: str = "hfl/chinese-bert-wwm-ext",
         max_seq_length: int = 512,
         packing: bool = True,
+        document_attention: bool = False,
         segmenter: BuiltinSegmenter | WordSegmenter = "rjieba",
         hmm: bool = False,
         user_dict: str | None = None,
         opencc: OpenCCConfig | None = None,
-        mlm_probability: float = 0.15,
+        mlm_probability: RateSpec = 0.15,
+        eval_mlm_probability: float = 0.15,
         mask_replace_prob: float = 0.8,
         random_replace_prob: float = 0.1,
         masking: MaskingScheme = "whole_word",
@@ -132,31 +143,8 @@ class MLMDataModule(L.LightningDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        check_probabilities(mlm_probability, mask_replace_prob, random_replace_prob)
-        if not train_files and not dataset_name and not prepared_dir:
-            raise MLMAdaptError("data.train_files is empty; give text files or globs (or data.dataset_name)")
-        if not 0.0 <= validation_split < 1.0:
-            raise MLMAdaptError(f"data.validation_split={validation_split} must be in [0, 1), e.g. 0.05")
-        if max_seq_length < 8:
-            raise MLMAdaptError(
-                # In a fit config the value comes from model.max_seq_length (linked here): name that key.
-                f"model.max_seq_length={max_seq_length} is too short (data.max_seq_length when the "
-                "datamodule is used alone); use at least 8 (e.g. 512)"
-            )
-        sizes = {"batch_size": 1, "eval_batch_size": 1, "num_workers": 0, "preprocessing_num_workers": 1}
-        for key, least in sizes.items():  # torch and datasets would refuse them only after preprocessing
-            if self.hparams[key] is not None and self.hparams[key] < least:
-                raise MLMAdaptError(f"data.{key}={self.hparams[key]} must be at least {least}")
-        if not 0.0 <= mix_probability < 1.0:
-            raise MLMAdaptError(f"data.mix_probability={mix_probability} must be in [0, 1), e.g. 0.2")
-        if mix_probability > 0 and not mix_files:
-            raise MLMAdaptError("data.mix_probability > 0 needs data.mix_files (general-domain text files)")
-        if prepared_dir and streaming:
-            raise MLMAdaptError("data.prepared_dir: prepared blocks are not streamed; set streaming false")
-        if mix_probability > 0 and streaming:
-            raise MLMAdaptError(
-                "data.mix_files: mixing is not available with data.streaming; mix the files beforehand"
-            )
+        self.masking_schedule = check_masking(self.hparams)
+        check_arguments(self.hparams)
         check_forgetting_warning(forgetting_warning)
         self.validation_sets = ValidationSets(validation_files)
         # Names of the validation sets, the primary one (logged as ``val/*``) first.
@@ -184,26 +172,13 @@ class MLMDataModule(L.LightningDataModule):
 
     @cached_property
     def collator(self) -> WholeWordMaskCollator:
-        """The whole-word-masking collator of validation and test (fixed masks, whatever ``masking`` is)."""
-        return self._make_collator("whole_word")
+        """Validation and test masks: whole words at ``eval_mlm_probability``, fixed whatever the training."""
+        return make_collator(self.tokenizer, self.hparams, "whole_word", self.hparams.eval_mlm_probability)
 
     @cached_property
     def train_collator(self) -> WholeWordMaskCollator:
-        """The training collator, masking ``data.masking`` units."""
-        masking = self.hparams.masking
-        return self.collator if masking == "whole_word" else self._make_collator(masking)
-
-    def _make_collator(self, masking: MaskingScheme) -> WholeWordMaskCollator:
-        hp = self.hparams
-        return WholeWordMaskCollator(
-            self.tokenizer,
-            mlm_probability=hp.mlm_probability,
-            mask_replace_prob=hp.mask_replace_prob,
-            random_replace_prob=hp.random_replace_prob,
-            pad_to_multiple_of=hp.pad_to_multiple_of,
-            seed=hp.seed,
-            masking=masking,
-        )
+        """The training collator, masking ``data.masking`` units at the scheduled rate."""
+        return train_collator(self.tokenizer, self.hparams, self.collator)
 
     def _mix_general(self, train: datasets.Dataset) -> datasets.Dataset:
         """Interleaves general documents into ``train`` at ``mix_probability``, keeping every domain one."""
@@ -267,6 +242,7 @@ class MLMDataModule(L.LightningDataModule):
             self.segmenter,
             hp.max_seq_length,
             hp.packing,
+            document_delimiters=hp.document_attention,
             num_proc=hp.preprocessing_num_workers,
         )
 
@@ -391,8 +367,13 @@ class MLMDataModule(L.LightningDataModule):
             return self._loader(blocks, hp.batch_size, stateful=True, collator=self.train_collator)
         grouped = hp.group_by_length and not hp.packing
         sampler = train_sampler(self.train_dataset, world_size, rank, hp.seed, grouped, hp.batch_size)
+        if not self.masking_schedule.constant:
+            sampler.mask_rates = MaskRates(self.masking_schedule, hp.batch_size, self._stepping)
         dataset = KeyedDataset(self.train_dataset)
         return self._loader(dataset, hp.batch_size, sampler, stateful=True, collator=self.train_collator)
+
+    def _stepping(self, loader_batches: int) -> Stepping:
+        return trainer_stepping(self.trainer, loader_batches)
 
     def _eval_batch_size(self) -> int:
         return self.hparams.eval_batch_size or self.hparams.batch_size  # never 0: refused in __init__

@@ -51,6 +51,7 @@ def to_blocks(
     segmenter: WordSegmenter,
     max_seq_length: int,
     packing: bool,
+    document_delimiters: bool = False,
     **map_kwargs: Any,
 ) -> AnyDataset:
     """Segments, tokenizes and packs a ``text`` column into ``input_ids``/``word_ids`` blocks.
@@ -61,6 +62,7 @@ def to_blocks(
         segmenter: The word segmenter.
         max_seq_length: Block length, special tokens included.
         packing: Concatenate documents into full blocks (else one document per block or blocks).
+        document_delimiters: Packed documents each get their own ``[CLS] ... [SEP]`` (document attention).
         map_kwargs: Extra ``map`` arguments for in-memory datasets (``num_proc``).
     """
     in_memory = not isinstance(documents, datasets.IterableDataset)
@@ -79,6 +81,8 @@ def to_blocks(
             "cls_token_id": start_id,
             "sep_token_id": end_id,
             "packing": packing,
+            # Only when set: the cache fingerprint of the default blocks stays what it was.
+            **({"document_delimiters": True} if document_delimiters and packing else {}),
         },
         batched=True,
         remove_columns=["input_ids", "word_ids"],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import datasets
@@ -13,18 +13,28 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 from typing_extensions import override
 
+from mlm_adapt.data.mask_rates import MaskRates
+
 
 class EpochSampler(DistributedSampler):
     """A ``DistributedSampler`` that yields ``(epoch, index)`` so the collator can draw new masks each epoch.
 
     Lightning calls ``set_epoch`` on it at every epoch start and, since it already is a
-    ``DistributedSampler``, does not replace it under DDP.
+    ``DistributedSampler``, does not replace it under DDP. With ``mask_rates`` set (a masking-rate
+    schedule), it yields ``(epoch, index, rate)``: the rate of the optimizer step the example's batch feeds.
     """
+
+    mask_rates: MaskRates | None = None
+
+    def _keyed(self, indices: Iterable[int]):
+        epoch = self.epoch
+        if self.mask_rates is not None:
+            return self.mask_rates.keyed(epoch, indices, len(self))
+        return ((epoch, index) for index in indices)
 
     @override
     def __iter__(self):
-        epoch = self.epoch
-        return ((epoch, index) for index in super().__iter__())
+        return self._keyed(super().__iter__())
 
 
 class LengthGroupedEpochSampler(EpochSampler):
@@ -82,8 +92,7 @@ class LengthGroupedEpochSampler(EpochSampler):
 
     @override
     def __iter__(self):
-        epoch = self.epoch
-        return ((epoch, index) for index in self.grouped_indices())
+        return self._keyed(self.grouped_indices())
 
 
 class KeyedDataset(Dataset):
@@ -95,15 +104,14 @@ class KeyedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.blocks)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
-        epoch, index = key if isinstance(key, tuple) else (0, key)
+    def __getitem__(self, key: int | tuple[int, int] | tuple[int, int, float]) -> dict[str, Any]:
+        epoch, index, *rate = key if isinstance(key, tuple) else (0, key)
         row = self.blocks[int(index)]
-        return {
-            "input_ids": row["input_ids"],
-            "word_ids": row["word_ids"],
-            "example_id": index,
-            "epoch": epoch,
-        }
+        item = {"input_ids": row["input_ids"], "word_ids": row["word_ids"]}
+        item.update(example_id=index, epoch=epoch)
+        if rate:
+            item["mask_rate"] = rate[0]
+        return item
 
 
 def train_sampler(

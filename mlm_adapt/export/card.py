@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
+from mlm_adapt.masking.schedule import parse_schedule
 from mlm_adapt.model.metrics import before_after_names, validation_prefix
 
 CONFIG_FILENAME = "training_config.yaml"
@@ -71,6 +72,15 @@ def val_metrics_at(
 
 def _is_hub_id(name: str) -> bool:
     return not Path(name).exists() and name.count("/") == 1 and not name.startswith((".", "/"))
+
+
+# Card rows whose string values are shown as they are (not formatted as numbers).
+_VERBATIM = ("masking", "validation data", "mlm_probability")
+
+
+def _masking_rate(value: Any) -> str | None:
+    """``data.mlm_probability`` as the card shows it: the rate, or the schedule's points."""
+    return None if value is None else parse_schedule(value).describe()
 
 
 def _fmt(value: Any, digits: int | None = None) -> str:
@@ -178,7 +188,8 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         ("segmented through OpenCC", data.get("opencc")),  # Traditional text, Simplified segmentation
         ("jieba HMM", data.get("hmm")),
         ("user dictionary", data.get("user_dict")),
-        ("mlm_probability", data.get("mlm_probability")),
+        ("mlm_probability", _masking_rate(data.get("mlm_probability"))),
+        ("eval_mlm_probability (validation masks)", data.get("eval_mlm_probability")),
         ("mask_replace_prob ([MASK])", data.get("mask_replace_prob")),
         ("random_replace_prob (random token)", data.get("random_replace_prob")),
         ("max_seq_length", data.get("max_seq_length", info.model_hparams.get("max_seq_length"))),
@@ -187,7 +198,7 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     for heading, rows in (("Corpus", corpus), ("Masking", masking), ("Training", _training_settings(info))):
         shown = [(k, v) for k, v in rows if v is not None or k == "user dictionary"]
         lines += ["", f"## {heading}", ""] + [
-            f"- {k}: {v if isinstance(v, str) and k in ('masking', 'validation data') else _fmt(v)}"
+            f"- {k}: {v if isinstance(v, str) and k in _VERBATIM else _fmt(v)}"
             for k, v in shown
         ]
     lines += [

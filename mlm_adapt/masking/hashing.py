@@ -58,6 +58,14 @@ def uniform_np(keys: np.ndarray, n: int, stream: int) -> np.ndarray:
     return (h >> np.uint32(8)).astype(np.float32) * np.float32(1.0 / (1 << 24))
 
 
+def uniform_at_np(keys: np.ndarray, positions: np.ndarray, stream: int) -> np.ndarray:
+    """:func:`uniform_np` at given ``(key, position)`` pairs only (equal arrays): the same values, for when
+    a few positions of a batch need a draw."""
+    salted = positions.astype(np.uint32) * np.uint32(4) + np.uint32((stream + _POSITION_SALT) & _M32)
+    h = mix32(keys ^ mix32(salted))
+    return (h >> np.uint32(8)).astype(np.float32) * np.float32(1.0 / (1 << 24))
+
+
 def uniform(keys: torch.Tensor, n: int, stream: int) -> torch.Tensor:
     """:func:`uniform_np` for a tensor of keys (as returned by :func:`example_keys`)."""
     return torch.from_numpy(uniform_np(_to_uint32(keys), n, stream)).to(keys.device)

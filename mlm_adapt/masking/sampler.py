@@ -22,7 +22,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.masking.hashing import key_array, uniform_np
+from mlm_adapt.masking.hashing import key_array, uniform_at_np, uniform_np
 from mlm_adapt.text import vocabulary
 
 
@@ -55,9 +55,10 @@ def whole_word_mask(
     mask_token_id: int,
     random_token_ids: torch.Tensor,
     special_token_ids: torch.Tensor,
-    mlm_probability: float = 0.15,
+    mlm_probability: float | torch.Tensor = 0.15,
     mask_replace_prob: float = 0.8,
     random_replace_prob: float = 0.1,
+    maskable: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masks whole words of a padded batch.
 
@@ -68,15 +69,19 @@ def whole_word_mask(
         mask_token_id: Id of ``[MASK]``.
         random_token_ids: Ids random replacements are drawn from.
         special_token_ids: Ids that are never masked, whatever their word id.
-        mlm_probability: Expected fraction of maskable tokens to predict.
+        mlm_probability: Expected fraction of maskable tokens to predict: one rate, or a ``(B, 1)`` float
+            tensor of per-example rates.
         mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
         random_replace_prob: Fraction of selected words replaced by random tokens (the rest are kept).
+        maskable: ``(B, L)`` tokens that may be masked, when the caller has them already: word id >= 0 and
+            not in ``special_token_ids``.
 
     Returns:
         ``(masked_input_ids, labels)``; labels are -100 except at selected positions.
     """
-    batch, length = input_ids.shape
-    maskable = (word_ids >= 0) & ~torch.isin(input_ids, special_token_ids)
+    batch = input_ids.shape[0]
+    if maskable is None:
+        maskable = (word_ids >= 0) & ~torch.isin(input_ids, special_token_ids)
     word_index = word_ids.clamp(min=0)
     # Compact ids never exceed the sequence length; slots above the largest id hold no word, and no sort
     # places them before a present word, so they can be left out without changing any result.
@@ -103,13 +108,13 @@ def whole_word_mask(
 
     selected = chosen.gather(1, word_index) & maskable
     labels = torch.where(selected, input_ids, -100)
-    random_tokens = random_token_ids[
-        (torch.from_numpy(uniform_np(keys32, length, 3)) * len(random_token_ids))
-        .long()
-        .clamp(max=len(random_token_ids) - 1)
-    ]
     masked = torch.where(selected & to_mask_word.gather(1, word_index), mask_token_id, input_ids)
-    masked = torch.where(selected & to_random_word.gather(1, word_index), random_tokens, masked)
+    # Random tokens only where they go (~1.5% of positions): the draws of stream 3 at those positions.
+    rows, cols = (selected & to_random_word.gather(1, word_index)).nonzero(as_tuple=True)
+    if len(rows):
+        draws = torch.from_numpy(uniform_at_np(keys32[rows.numpy()], cols.numpy(), 3))
+        n_random = len(random_token_ids)
+        masked[rows, cols] = random_token_ids[(draws * n_random).long().clamp(max=n_random - 1)]
     return masked, labels
 
 

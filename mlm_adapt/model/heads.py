@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -46,9 +47,9 @@ class HeadSplit:
     head: Callable[[torch.Tensor], torch.Tensor]
     modules: tuple[nn.Module, ...]
 
-    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Last hidden states ``(B, L, hidden)``."""
-        return self.encoder(input_ids=input_ids, attention_mask=attention_mask)[0]
+    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **inputs: Any) -> torch.Tensor:
+        """Last hidden states ``(B, L, hidden)``; ``inputs`` (e.g. ``position_ids``) go to the encoder."""
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask, **inputs)[0]
 
 
 def split_head(model: PreTrainedModel) -> HeadSplit | None:

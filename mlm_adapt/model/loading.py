@@ -92,3 +92,17 @@ def extend_embeddings(
                 bias[row] = bias[ids].mean(0)
     model.tie_weights()
     return new
+
+
+def enable_gradient_checkpointing(model: PreTrainedModel) -> None:
+    """Turns on transformers' activation checkpointing, non-reentrant (the variant that composes with
+    ``torch.compile``, DDP and FSDP and needs no ``requires_grad`` inputs); one line if unsupported."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise MLMAdaptError(
+            f"model.gradient_checkpointing: {type(model).__name__} does not support it; set it to false"
+        )
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -48,6 +48,7 @@ def build_blocks(
     cls_token_id: int,
     sep_token_id: int,
     packing: bool,
+    document_delimiters: bool = False,
 ) -> dict[str, list[list[int]]]:
     """Turns tokenized documents into model inputs ``[CLS] ... [SEP]`` of at most ``max_seq_length``.
 
@@ -61,6 +62,8 @@ def build_blocks(
         packing: Concatenate documents (``[SEP]`` between them) into full blocks; otherwise each document
             becomes its own block(s). Either way a document longer than a block continues in the next
             block: no text is dropped.
+        document_delimiters: With ``packing``, every document gets its own ``[CLS] ... [SEP]``
+            (``[CLS] d1 [SEP] [CLS] d2 [SEP]``), as it would alone: the form document attention needs.
 
     Returns:
         ``{"input_ids": [...], "word_ids": [...]}`` with compact word ids per block.
@@ -69,6 +72,7 @@ def build_blocks(
     if capacity < 1:
         raise ValueError(f"max_seq_length must be at least 3, got {max_seq_length}")
     streams: list[tuple[np.ndarray, np.ndarray]] = []
+    separator = [sep_token_id, cls_token_id] if document_delimiters else [sep_token_id]
     if packing:
         ids_parts, wid_parts, offset = [], [], 0
         for ids, wids in zip(input_ids, word_ids, strict=True):
@@ -76,11 +80,12 @@ def build_blocks(
                 continue
             wids = np.asarray(wids, dtype=np.int64)
             # Offset ids so that words of different documents never share an id.
-            wid_parts += [np.where(wids >= 0, wids + offset, SPECIAL_WORD_ID), [SPECIAL_WORD_ID]]
-            ids_parts += [ids, [sep_token_id]]
+            words = np.where(wids >= 0, wids + offset, SPECIAL_WORD_ID)
+            wid_parts += [words, [SPECIAL_WORD_ID] * len(separator)]
+            ids_parts += [ids, separator]
             offset += int(wids.max()) + 1
         if ids_parts:
-            # The trailing [SEP] of the last document is added by the block itself.
+            # The trailing separator of the last document: the block adds its own [SEP].
             streams.append((np.concatenate(ids_parts[:-1]), np.concatenate(wid_parts[:-1])))
     else:
         streams = [
@@ -95,11 +100,13 @@ def build_blocks(
         for end in _block_ends(wids, capacity):
             block_ids, block_wids = ids[start:end], wids[start:end]
             start = end
-            # A document separator at a block edge would double up with [CLS]/[SEP]; drop it there.
-            if len(block_ids) and block_ids[0] == sep_token_id and block_wids[0] == SPECIAL_WORD_ID:
-                block_ids, block_wids = block_ids[1:], block_wids[1:]
-            if len(block_ids) and block_ids[-1] == sep_token_id and block_wids[-1] == SPECIAL_WORD_ID:
-                block_ids, block_wids = block_ids[:-1], block_wids[:-1]
+            # Document delimiters at a block edge would double up with the block's [CLS]/[SEP]; drop them.
+            lo, hi = 0, len(block_ids)
+            while lo < hi and block_wids[lo] == SPECIAL_WORD_ID and block_ids[lo] in separator:
+                lo += 1
+            while hi > lo and block_wids[hi - 1] == SPECIAL_WORD_ID and block_ids[hi - 1] in separator:
+                hi -= 1
+            block_ids, block_wids = block_ids[lo:hi], block_wids[lo:hi]
             if not len(block_ids):
                 continue
             out_ids.append([cls_token_id, *block_ids.tolist(), sep_token_id])

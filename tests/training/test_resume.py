@@ -47,19 +47,24 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_sigkill_and_resume_reproduces_the_straight_run(tiny_model_dir, corpus_file, tmp_path):
+@pytest.mark.parametrize(
+    "rate",
+    [(), ("--data.mlm_probability=[[0.0, 0.4], [0.5, 0.2], [1.0, 0.05]]",)],
+    ids=["constant_rate", "rate_schedule"],  # schedule: each step's rate follows the batch across the kill
+)
+def test_sigkill_and_resume_reproduces_the_straight_run(tiny_model_dir, corpus_file, tmp_path, rate):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    result = _fit(tiny_model_dir, corpus_file, straight)
+    result = _fit(tiny_model_dir, corpus_file, straight, *rate)
     assert result.returncode == 0, result.stderr[-3000:]
 
-    result = _fit(tiny_model_dir, corpus_file, killed, f"--trainer.callbacks.kill_at_step={KILL_AT}")
+    result = _fit(tiny_model_dir, corpus_file, killed, f"--trainer.callbacks.kill_at_step={KILL_AT}", *rate)
     assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
     assert (killed / "ckpt" / "last.ckpt").is_file()
     first_half = read_records(killed / "rec")
     assert [r["step"] for r in first_half] == list(range(KILL_AT))
 
     (killed / "rec" / "rank0.jsonl").rename(killed / "rec" / "first_half.jsonl")
-    result = _fit(tiny_model_dir, corpus_file, killed, "--ckpt_path=last")
+    result = _fit(tiny_model_dir, corpus_file, killed, "--ckpt_path=last", *rate)
     assert result.returncode == 0, result.stderr[-3000:]
     second_half = read_records(killed / "rec")
 
