@@ -34,8 +34,10 @@ def test_fit_through_the_cli_lowers_validation_loss(tiny_model_dir, corpus_file,
     # Issue 19: the output a user reads. The wall time comes last; the summary has FLOPs (not a column of
     # 0); the third-party deprecation notices are gone.
     assert re.search(r"mlm_adapt fit: (\d+ min )?\d+ s wall", result.stdout.strip().splitlines()[-1])
-    flops = re.search(r"^(\S+)\s+Total Flops$", result.stdout + result.stderr, re.MULTILINE)
-    assert flops and flops.group(1) != "0", (result.stdout + result.stderr)[-3000:]
+    # Lightning's plain summary ends "8.8 M  Total Flops", its rich one "Total FLOPs: 8.8 M".
+    output = result.stdout + result.stderr
+    flops = re.search(r"Total FLOPs: (\S+)|^(\S+)\s+Total Flops$", output, re.MULTILINE)
+    assert flops and (flops.group(1) or flops.group(2)) != "0", output[-3000:]
     assert "set_vital" not in result.stderr and "LeafSpec" not in result.stderr
 
 
