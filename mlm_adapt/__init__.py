@@ -7,12 +7,9 @@ The packages follow the data flow, each importing only those before it:
 
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.legacy import install as _install_moved_modules
 from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.text.segment import Segmenter
 
 __all__ = ["MLMAdaptError", "MLMDataModule", "MaskedLMModule", "Segmenter", "WholeWordMaskCollator"]
 __version__ = "0.2.0"
-
-_install_moved_modules()

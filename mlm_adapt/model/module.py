@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.cli import OptimizerCallable
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
@@ -140,6 +141,16 @@ class MaskedLMModule(L.LightningModule):
         # Before the strategy moves and wraps the module: one set of metrics per validation set.
         for index in range(1, len(getattr(self.trainer.datamodule, "validation_set_names", ()))):
             self._validation_prefix(index)
+        # One sequence for Lightning's model summary, which then shows real FLOPs instead of a column of 0.
+        # Rank 0 runs it alone, so only where the module holds all its weights (not FSDP/DeepSpeed shards);
+        # not compiled, where it would compile for this shape first.
+        whole = isinstance(self.trainer.strategy, (SingleDeviceStrategy, DDPStrategy))
+        if whole and not isinstance(self.trainer.strategy, DeepSpeedStrategy) and not self.hparams.compile:
+            length = self.hparams.max_seq_length
+            self.example_input_array = {
+                "input_ids": torch.zeros(1, length, dtype=torch.long),
+                "attention_mask": torch.ones(1, length, dtype=torch.long),
+            }
 
     @override
     def configure_model(self) -> None:

@@ -25,7 +25,6 @@ from lightning.fabric.utilities.load import _METADATA_FILENAME
 from mlm_adapt.cli.commands import main
 from mlm_adapt.guard.loads import load_sharded
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "v0_1" / "last.ckpt"
 UNSAFE_ADVICE = (
     "weights_only=False",
     "weights_only`",
@@ -68,14 +67,27 @@ def empty(path: Path, sentinel: Path) -> Path:
     return path
 
 
+def _checkpoint_bytes(directory: Path) -> bytes:
+    """A small zip-format checkpoint shaped like Lightning's (what the damaged cases start from)."""
+    source = directory / "source.pt"
+    torch.save({"state_dict": {"w": torch.arange(4096.0)}, "global_step": 4, "hyper_parameters": {}}, source)
+    data = source.read_bytes()
+    source.unlink()
+    return data
+
+
 def truncated(path: Path, sentinel: Path) -> Path:
-    data = FIXTURE.read_bytes()
+    data = _checkpoint_bytes(path.parent)
     path.write_bytes(data[: len(data) // 2])
     return path
 
 
 def zip_without_pickle(path: Path, sentinel: Path) -> Path:
-    shutil.make_archive(str(path.with_suffix("")), "zip", FIXTURE.parent)
+    files = path.parent / "not_a_checkpoint"
+    files.mkdir()
+    (files / "config.json").write_text("{}", encoding="utf-8")
+    (files / "weights.bin").write_bytes(bytes(range(256)) * 16)
+    shutil.make_archive(str(path.with_suffix("")), "zip", files)
     path.with_suffix(".zip").rename(path)
     return path
 

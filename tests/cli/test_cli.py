@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,14 @@ def test_fit_through_the_cli_lowers_validation_loss(tiny_model_dir, corpus_file,
     assert val[-1][1] < val[0][1] - 0.05
     assert "val/perplexity" in result.stdout and "before" in result.stdout
     assert list(tmp_path.rglob("*.ckpt"))
+    # Issue 19: the output a user reads. The wall time comes last; the summary has FLOPs (not a column of
+    # 0); the third-party deprecation notices are gone.
+    assert re.search(r"mlm_adapt fit: (\d+ min )?\d+ s wall", result.stdout.strip().splitlines()[-1])
+    # Lightning's plain summary ends "8.8 M  Total Flops", its rich one "Total FLOPs: 8.8 M".
+    output = result.stdout + result.stderr
+    flops = re.search(r"Total FLOPs: (\S+)|^(\S+)\s+Total Flops$", output, re.MULTILINE)
+    assert flops and (flops.group(1) or flops.group(2)) != "0", output[-3000:]
+    assert "set_vital" not in result.stderr and "LeafSpec" not in result.stderr
 
 
 @pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
@@ -182,3 +191,15 @@ def test_top_level_help_lists_trainer_and_extra_commands(capsys):
     assert "{fit,validate,test}" in help_text and "predict" not in help_text
     for command in ("preview", "export", "fill-mask", "vocab", "plot"):
         assert command in help_text
+
+
+def test_third_party_noise_is_silenced_and_nothing_else(recwarn):
+    import warnings
+
+    from mlm_adapt.cli.commands import silence_third_party_noise
+
+    silence_third_party_noise()
+    warnings.warn("'set_vital' is deprecated, please do not call", UserWarning, stacklevel=1)
+    warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning, stacklevel=1)
+    warnings.warn("a warning of the user's own", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in recwarn] == ["a warning of the user's own"]

@@ -9,8 +9,6 @@ from conftest import REPO, run_cli, tiny_fit_args
 
 from mlm_adapt.cli import main
 
-FIXTURE = REPO / "tests" / "fixtures" / "v0_1"
-
 
 def fails_with(args: list[str], capsys, code: int = 2) -> str:
     """Runs the CLI in-process; the one ``mlm_adapt: error:`` line it printed (and no traceback)."""
@@ -60,12 +58,12 @@ def test_missing_local_model_path_in_fit(command, data_args, tmp_path, capsys):
     assert "repo" not in message.lower() and "hub" not in message.lower()
 
 
-def test_export_base_model_errors_name_base_model(tmp_path, capsys):
+def test_export_base_model_errors_name_base_model(trained_run, tmp_path, capsys):
     missing = tmp_path / "no-base"
     message = fails_with(
         [
             "export",
-            f"--ckpt_path={FIXTURE / 'last.ckpt'}",
+            f"--ckpt_path={trained_run / 'checkpoints' / 'last.ckpt'}",
             f"--output_dir={tmp_path / 'out'}",
             f"--base_model={missing}",
         ],

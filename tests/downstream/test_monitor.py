@@ -13,6 +13,7 @@ from conftest import make_datamodule, quiet_trainer, run_cli, tiny_fit_args
 from task_files import sentiment_files, task
 from transformers import AutoModelForMaskedLM
 
+from mlm_adapt.cli import main
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
 from mlm_adapt.model import MaskedLMModule
@@ -98,15 +99,13 @@ def test_cli_downstream_group_logs_step_0_and_validations_and_exports_by_task_sc
     assert "best weights by downstream/sentiment/macro_f1 (max" in card
 
 
-def test_cli_reports_a_bad_task_file_in_one_line(tiny_model_dir, corpus_file, tmp_path):
+def test_cli_reports_a_bad_task_file_in_one_line(tiny_model_dir, corpus_file, tmp_path, capsys):
+    # In-process: the error path needs no separate interpreter (tests/cli/test_cli_errors.py runs one).
     tasks = [{"name": "s", "train_files": [str(tmp_path / "missing.jsonl")], "test_files": ["x.jsonl"]}]
-    result = run_cli(
-        "fit",
-        *tiny_fit_args(tiny_model_dir, corpus_file, tmp_path, f"--downstream.tasks={json.dumps(tasks)}"),
-    )
-    assert result.returncode == 2
-    assert (
-        result.stderr.strip()
-        .splitlines()[-1]
-        .startswith("mlm_adapt: error: downstream.tasks[0].train_files: ")
+    with pytest.raises(SystemExit) as exit_info:
+        args = tiny_fit_args(tiny_model_dir, corpus_file, tmp_path, f"--downstream.tasks={json.dumps(tasks)}")
+        main(["fit", *args])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "mlm_adapt: error: downstream.tasks[0].train_files: "
     )

@@ -1,4 +1,4 @@
-"""Checkpoints are loaded without running code from them (weights_only), and old checkpoints still load."""
+"""Checkpoints are loaded without running code from them (weights_only); real Lightning checkpoints load."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from lightning.fabric.utilities.load import _METADATA_FILENAME
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.safe_load import load_sharded, load_weights_only
-
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "v0_1" / "last.ckpt"
 
 
 class CreatesMarker:
@@ -43,10 +41,10 @@ def test_crafted_checkpoint_is_refused_without_running_its_code(tmp_path):
     assert marker.exists()
 
 
-def test_checkpoint_of_version_0_1_loads_weights_only():
-    checkpoint = load_weights_only(FIXTURE)
-    assert checkpoint["hyper_parameters"]["model_name_or_path"] == "tiny-bert"
-    assert checkpoint["global_step"] == 4 and checkpoint["mlm_adapt_baseline_metrics"]["val/loss"] > 0
+def test_lightning_checkpoint_of_a_real_run_loads_weights_only(trained_run):
+    checkpoint = load_weights_only(trained_run / "checkpoints" / "last.ckpt")
+    assert Path(checkpoint["hyper_parameters"]["model_name_or_path"]).name == "tiny-bert"
+    assert checkpoint["global_step"] == 6 and checkpoint["mlm_adapt_baseline_metrics"]["val/loss"] > 0
     assert any(k.startswith("model.") for k in checkpoint["state_dict"])
 
 

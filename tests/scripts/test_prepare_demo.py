@@ -56,14 +56,24 @@ def _well_formed(tags: list[str]) -> bool:
 
 
 def test_people_daily_split_is_disjoint_and_well_formed(people_daily):
-    train, test, general = prepare_demo.split_people_daily(people_daily, 300, 100, 50, seed=1)
+    train, test, general, general_train = prepare_demo.split_people_daily(people_daily, 300, 100, 50, seed=1)
     assert (len(train), len(test), len(general)) == (300, 100, 50)
+    # The general model's pretraining text: the rest of the corpus, none of the validation or NER text.
+    assert len(general_train) > 10_000 and not set(general_train) & set(general)
     texts = {
         split: ["".join(row["tokens"]) for row in rows] for split, rows in (("train", train), ("test", test))
     }
     assert not set(texts["train"]) & set(texts["test"])
     assert len(set(texts["train"])) == 300
     assert not any(sentence in paragraph for sentence in texts["test"] for paragraph in general)
+    trained = set(general_train)
+    pretraining = {
+        prepare_demo.plain_text(sentence)
+        for line in people_daily
+        if prepare_demo.plain_text(words := prepare_demo.parse_tagged(line)) in trained
+        for sentence in prepare_demo.split_sentences(words)
+    }
+    assert not pretraining & set(texts["train"] + texts["test"])
     for row in train + test:
         assert len(row["tokens"]) == len(row["tags"]) and all(len(t) == 1 for t in row["tokens"])
         assert _well_formed(row["tags"]), row
@@ -133,11 +143,15 @@ def _demo_paths(node) -> list[str]:
     return [node] if isinstance(node, str) and node.startswith(".cache/demo/") else []
 
 
-def test_demo_config_reads_what_the_script_writes(tmp_path):
+def test_demo_configs_read_what_the_script_writes(tmp_path):
     config = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text(encoding="utf-8"))
     validation = config["data"]["validation_files"]
     assert list(validation) == ["domain", "general"] and validation["domain"] is None
     assert [task["name"] for task in config["downstream"]["tasks"]] == ["sentiment", "ner"]
+    general = yaml.safe_load(prepare_demo.GENERAL_CONFIG.read_text(encoding="utf-8"))
+    # The demo adapts what the general pretraining exports, at the length it was pretrained on.
+    assert config["model"]["model_name_or_path"] == general["export"]["output_dir"]
+    assert config["model"]["max_seq_length"] == general["model"]["max_seq_length"]
     out = tmp_path / "demo"
     prepare_demo.main(
         [
@@ -150,7 +164,13 @@ def test_demo_config_reads_what_the_script_writes(tmp_path):
             "--skip_model",
         ]
     )
-    paths = [p for p in _demo_paths(config) if "tiny-chinese-bert" not in p]
-    assert len(paths) >= 6
+    models = ("tiny-chinese-bert", "general-chinese-bert", "general_run")  # written by the pretraining
+    paths = [p for p in _demo_paths(config) + _demo_paths(general) if not p.endswith(models)]
+    assert len(paths) >= 7
     for path in paths:
         assert list(out.glob(path.removeprefix(".cache/demo/"))), f"{path} is not written by prepare_demo.py"
+    # The command prepare_demo.py runs is the config's own, pointed at --output_dir.
+    command = prepare_demo.pretrain_command(out)
+    assert command[:2] == ["fit", f"--config={prepare_demo.GENERAL_CONFIG}"]
+    for path in _demo_paths(general):
+        assert any(str(out / path.removeprefix(".cache/demo/")) in arg for arg in command[2:]), path
