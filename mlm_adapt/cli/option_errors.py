@@ -8,12 +8,12 @@ value, why, and what is accepted.
 from __future__ import annotations
 
 import re
-import sys
 from typing import NoReturn
 
 from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
+from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.chinese_variants import OPENCC_CONFIGS
 from mlm_adapt.text.segmentation import BUILTIN_NAMES
 
@@ -44,8 +44,9 @@ class MLMAdaptArgumentParser(LightningArgumentParser):
 
     @override
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        line = option_error_line(message) if self.exit_on_error else None
+        line = option_error_line(message)
         if line is None:
             super().error(message, ex)
-        print(f"mlm_adapt: error: {line}", file=sys.stderr)
-        sys.exit(2)
+        # An MLMAdaptError reaches the CLI's one error boundary (mlm_adapt.cli.commands), whatever the
+        # parser's exit_on_error.
+        raise MLMAdaptError(line)

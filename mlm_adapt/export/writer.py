@@ -92,8 +92,9 @@ def write_export(
         The reload check's largest logit difference (``None`` when ``verify`` is off).
     """
     progress = progress or Progress("export")
-    # Publishing (the rename when the block ends) takes no time worth a phase of its own.
-    with progress.stages(2 + verify, f"Exporting to {output.path.name}"), write_directory(output) as staging:
+    stages = progress.stages(3 + verify, f"Exporting to {Path(output.path).name}")
+    publishing = progress.phase(f"publishing {output.path}")
+    with stages, write_directory(output, publishing) as staging:
         with progress.phase("saving the weights (safetensors)"):
             model.save_pretrained(staging, safe_serialization=True)
         with progress.phase("saving the tokenizer, config and model card"):

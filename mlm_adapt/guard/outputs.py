@@ -201,8 +201,13 @@ def _in_user_terms(exc: BaseException, staging: Staging, real: Path) -> BaseExce
 
 
 @contextlib.contextmanager
-def write_directory(output: Output) -> Iterator[Path]:
+def write_directory(
+    output: Output, publishing: contextlib.AbstractContextManager[object] | None = None
+) -> Iterator[Path]:
     """Yields an empty staging directory to write ``output`` into; publishes it when the block succeeds.
+
+    ``publishing`` is entered around the publication (fsync and renames), e.g. a progress phase: for a
+    model of hundreds of MB the fsync alone takes seconds.
 
     Under ``output``'s lock: leftovers of killed writers are repaired, the rules re-checked, the staging
     directory created. On success the export marker is written, modes follow the umask, files are
@@ -223,21 +228,22 @@ def write_directory(output: Output) -> Iterator[Path]:
                 if translated is exc:
                     raise
                 raise translated from exc
-            write_marker(staging.payload)
-            apply_umask(staging.payload)
-            fsync_path(staging.payload)
-            _refuse_unreplaceable(output, real, at_publish=True)
-            replacing = real.is_dir() and any(real.iterdir())
-            if replacing:
-                os.rename(real, staging.backup)
-            try:
-                # rename() replaces an absent or empty directory in one step.
-                os.rename(staging.payload, real)
-            except BaseException:
-                if replacing:  # the earlier export goes back before the staging directory is removed
-                    os.rename(staging.backup, real)
-                raise
-            fsync_dir(real.parent)
+            with publishing or contextlib.nullcontext():
+                write_marker(staging.payload)
+                apply_umask(staging.payload)
+                fsync_path(staging.payload)
+                _refuse_unreplaceable(output, real, at_publish=True)
+                replacing = real.is_dir() and any(real.iterdir())
+                if replacing:
+                    os.rename(real, staging.backup)
+                try:
+                    # rename() replaces an absent or empty directory in one step.
+                    os.rename(staging.payload, real)
+                except BaseException:
+                    if replacing:  # the earlier export goes back before the staging directory is removed
+                        os.rename(staging.backup, real)
+                    raise
+                fsync_dir(real.parent)
         finally:
             staging.remove()
 

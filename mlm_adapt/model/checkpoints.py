@@ -39,19 +39,24 @@ def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any
     if path.is_dir():
         if is_sharded_checkpoint(path):
             return _format_checkpoint(load_sharded(path, key))
-        if (path / "latest").is_file() or (path / "checkpoint").is_dir():
-            raise MLMAdaptError(
-                f"{key}: {path} is a DeepSpeed checkpoint; make it one file first with lightning.pytorch."
-                "utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict(DIR, FILE.ckpt)"
-            )
-        raise MLMAdaptError(
-            f"{key}: {path} is a directory but neither a checkpoint (no .metadata: not FSDP shards) nor, "
-            "having no config.json, a Hugging Face model directory; give a .ckpt file the trainer wrote"
-        )
+        raise _not_a_checkpoint_directory(path, key)
     checkpoint = load_weights_only(path, key)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise MLMAdaptError(f"{key}: {path} has no 'state_dict'; give a checkpoint written by the trainer")
     return checkpoint
+
+
+def _not_a_checkpoint_directory(path: Path, key: str) -> MLMAdaptError:
+    """The one line for a directory that holds no FSDP shards (a DeepSpeed one gets its conversion)."""
+    if (path / "latest").is_file() or (path / "checkpoint").is_dir():
+        return MLMAdaptError(
+            f"{key}: {path} is a DeepSpeed checkpoint; make it one file first with lightning.pytorch."
+            "utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict(DIR, FILE.ckpt)"
+        )
+    return MLMAdaptError(
+        f"{key}: {path} is a directory but neither a checkpoint (no .metadata: not FSDP shards) nor, "
+        "having no config.json, a Hugging Face model directory; give a .ckpt file the trainer wrote"
+    )
 
 
 def checkpoint_metadata(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
@@ -65,7 +70,7 @@ def checkpoint_metadata(path: str | Path, key: str = "ckpt_path") -> dict[str, A
         raise MLMAdaptError(f"{key}: {path} does not exist; give a .ckpt file the trainer wrote")
     if path.is_dir():
         if not is_sharded_checkpoint(path):
-            raise MLMAdaptError(f"{key}: {path} is a directory, not a checkpoint (no .metadata, no meta.pt)")
+            raise _not_a_checkpoint_directory(path, key)
         check_sharded_metadata(path, key)
         meta = path / _METADATA_FILENAME
         return load_weights_only(meta, key) if meta.is_file() else {}

@@ -168,7 +168,7 @@ def test_error_non_mlm_model(fit_args, tmp_path, capsys):
 
 def test_error_mlm_probability_out_of_range(fit_args, capsys):
     message = fails_with(fit_args("--data.mlm_probability=1.5"), capsys)
-    assert "data.mlm_probability=1.5 must be in (0, 1)" in message
+    assert "data.mlm_probability: rate 1.5 must be in (0, 1)" in message
 
 
 def test_error_sequence_longer_than_positions(fit_args, capsys):
