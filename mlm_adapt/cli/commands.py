@@ -79,7 +79,6 @@ def stop_signals(active: bool) -> Iterator[None]:
         yield
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    STOP.reset()
     install_stop_handlers()
     try:
         yield
@@ -94,6 +93,9 @@ def _stopped() -> None:
 
 
 def _run(entry: Callable[[list[str]], object], args: list[str], usage: str, training: bool = False) -> None:
+    # Every command starts with no signal recorded, whatever an earlier command in this process received
+    # (several commands run in one process from Python, or in a test session).
+    STOP.reset()
     with stop_signals(training):
         try:
             if debug_enabled():

@@ -138,3 +138,15 @@ def test_sigterm_from_outside_then_resume_matches_an_uninterrupted_run(tiny_mode
     assert whole_step == resumed_step == steps
     for key, value in whole_state.items():
         torch.testing.assert_close(resumed_state[key], value, rtol=0, atol=1e-6, msg=key)
+
+
+def test_a_signal_of_one_command_does_not_end_the_next(tmp_path, capsys):
+    """A signal recorded by an earlier command in this process (a stopped fit) is not the next one's: an
+    ``export`` refused afterwards reports its own error with exit 2, not ``stopped by SIGTERM`` with 143."""
+    from mlm_adapt.training.signals import STOP
+
+    STOP.signum = signal.SIGTERM  # what a fit stopped by SIGTERM leaves behind
+    with pytest.raises(SystemExit) as refused:
+        main(["export", f"--ckpt_path={tmp_path / 'missing.ckpt'}", f"--output_dir={tmp_path / 'out'}"])
+    lines = error_lines(capsys.readouterr().err)
+    assert refused.value.code == 2 and len(lines) == 1 and "does not exist" in lines[0], lines
