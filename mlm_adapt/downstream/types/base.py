@@ -22,6 +22,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from mlm_adapt.downstream.features import Encoding, Place, Pooling
+from mlm_adapt.downstream.probe import LinearProbe
 from mlm_adapt.downstream.scores import Score
 from mlm_adapt.downstream.spec import DownstreamTask, TaskSplit, task_key
 from mlm_adapt.errors import MLMAdaptError
@@ -124,6 +125,18 @@ class TaskType(ABC):
         """Metrics of ``preds`` (sorted by ``placed``) against the test targets ``gold``, and their bootstrap
         standard error over test examples (``bootstrap`` resamples; none below 2)."""
 
+
+
+class ClassificationType(TaskType, ABC):
+    """A type whose targets are class indices: a logistic-regression probe and labels named in the config."""
+
+    def probe(self, l2: float) -> Probe:
+        return LinearProbe(l2=l2)
+
+    def configure(self, config: PretrainedConfig, label_names: list[str]) -> None:
+        config.num_labels = len(label_names)
+        config.id2label = dict(enumerate(label_names))
+        config.label2id = {name: i for i, name in enumerate(label_names)}
 
 def class_label(value: Any, key: str, files: str) -> str:
     """A class name from a label cell (strings and numbers; ``1`` and ``"1"`` are the same class)."""

@@ -10,13 +10,12 @@ from typing import Any
 
 import datasets
 import torch
-from transformers import AutoModelForSequenceClassification, PretrainedConfig, PreTrainedTokenizerBase
+from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
 from mlm_adapt.downstream.features import Encoding, Place, Pooling
-from mlm_adapt.downstream.probe import LinearProbe
 from mlm_adapt.downstream.scores import Score, bootstrap_std, class_scores
 from mlm_adapt.downstream.spec import DownstreamTask, TaskSplit, task_key
-from mlm_adapt.downstream.types.base import Probe, TaskType, class_label, class_names
+from mlm_adapt.downstream.types.base import ClassificationType, class_label, class_names
 from mlm_adapt.errors import MLMAdaptError
 
 
@@ -29,7 +28,7 @@ def pool(states: torch.Tensor, batch: dict[str, torch.Tensor], pooling: Pooling)
     return torch.cat(parts, dim=-1)
 
 
-class SequenceClassification(TaskType):
+class SequenceClassification(ClassificationType):
     """One class per text or text pair."""
 
     name = "sequence_classification"
@@ -86,14 +85,6 @@ class SequenceClassification(TaskType):
         pooling: Pooling,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return pool(states, batch, pooling), torch.tensor([encoding.targets[i] for i in rows])
-
-    def probe(self, l2: float) -> Probe:
-        return LinearProbe(l2=l2)
-
-    def configure(self, config: PretrainedConfig, label_names: list[str]) -> None:
-        config.num_labels = len(label_names)
-        config.id2label = dict(enumerate(label_names))
-        config.label2id = {name: i for i, name in enumerate(label_names)}
 
     def batch_labels(self, encoding: Encoding, rows: list[int], width: int) -> torch.Tensor:
         return torch.tensor([encoding.targets[i] for i in rows])

@@ -13,13 +13,12 @@ import re
 
 import datasets
 import torch
-from transformers import AutoModelForTokenClassification, PretrainedConfig, PreTrainedTokenizerBase
+from transformers import AutoModelForTokenClassification, PreTrainedTokenizerBase
 
 from mlm_adapt.downstream.features import IGNORE, Encoding, Place, Pooling
-from mlm_adapt.downstream.probe import LinearProbe
 from mlm_adapt.downstream.scores import Score, bootstrap_std, scores_from_counts, token_scores
 from mlm_adapt.downstream.spec import DownstreamTask, TaskSplit, task_key
-from mlm_adapt.downstream.types.base import Probe, TaskType, class_label, class_names
+from mlm_adapt.downstream.types.base import ClassificationType, class_label, class_names
 from mlm_adapt.errors import MLMAdaptError
 
 # Tags entity-level F1 understands (BIO/IOB2): anything else would score 0 without a word.
@@ -59,7 +58,7 @@ def encode_words(
     return encoding
 
 
-class TokenClassification(TaskType):
+class TokenClassification(ClassificationType):
     """One tag per word."""
 
     name = "token_classification"
@@ -125,14 +124,6 @@ class TokenClassification(TaskType):
         labels = self._labelled(encoding, rows, states.shape[1])
         keep = (labels != IGNORE).to(states.device)
         return states[keep], labels[keep.cpu()]
-
-    def probe(self, l2: float) -> Probe:
-        return LinearProbe(l2=l2)
-
-    def configure(self, config: PretrainedConfig, label_names: list[str]) -> None:
-        config.num_labels = len(label_names)
-        config.id2label = dict(enumerate(label_names))
-        config.label2id = {name: i for i, name in enumerate(label_names)}
 
     def batch_labels(self, encoding: Encoding, rows: list[int], width: int) -> torch.Tensor:
         return self._labelled(encoding, rows, width)
