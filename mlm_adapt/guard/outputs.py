@@ -201,6 +201,18 @@ def _in_user_terms(exc: BaseException, staging: Staging, real: Path) -> BaseExce
 
 
 @contextlib.contextmanager
+def _reported_in_user_terms(staging: Staging, real: Path) -> Iterator[None]:
+    """Re-raises an error of the writer's block with the user's path in place of the staging one."""
+    try:
+        yield
+    except BaseException as exc:
+        translated = _in_user_terms(exc, staging, real)
+        if translated is exc:
+            raise
+        raise translated from exc
+
+
+@contextlib.contextmanager
 def write_directory(
     output: Output, publishing: contextlib.AbstractContextManager[object] | None = None
 ) -> Iterator[Path]:
@@ -221,13 +233,8 @@ def write_directory(
         staging = create_staging(real)
         try:
             staging.payload.mkdir(mode=0o777)
-            try:
+            with _reported_in_user_terms(staging, real):
                 yield staging.payload
-            except BaseException as exc:
-                translated = _in_user_terms(exc, staging, real)
-                if translated is exc:
-                    raise
-                raise translated from exc
             with publishing or contextlib.nullcontext():
                 write_marker(staging.payload)
                 apply_umask(staging.payload)
@@ -261,13 +268,8 @@ def write_file(output: Output) -> Iterator[Path]:
     clean_leftovers(real)
     staging = create_staging(real)
     try:
-        try:
+        with _reported_in_user_terms(staging, real):
             yield staging.payload
-        except BaseException as exc:
-            translated = _in_user_terms(exc, staging, real)
-            if translated is exc:
-                raise
-            raise translated from exc
         mode = None
         if real.is_file() and not (real.is_symlink() and not output.follow_link):
             mode = real.stat().st_mode & 0o7777

@@ -177,25 +177,24 @@ def apply_umask(path: Path, file_mode: int | None = None) -> None:
                 os.chmod(os.path.join(root, name), files)
 
 
-def fsync_path(path: Path) -> None:
-    """Flushes a file, or every file of a directory tree, to disk (where the platform allows it)."""
-    paths = [path] if path.is_file() else [Path(r) / f for r, _, fs in os.walk(path) for f in fs]
-    for item in paths:
-        if item.is_symlink():
-            continue
-        with contextlib.suppress(OSError):
-            fd = os.open(item, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
-def fsync_dir(directory: Path) -> None:
-    """Makes renames in ``directory`` durable across a power loss (where the platform allows it)."""
+def _fsync(path: str | Path) -> None:
+    """Flushes one file or directory entry to disk (where the platform allows it)."""
     with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def fsync_path(path: Path) -> None:
+    """Flushes a file, or every file of a directory tree, to disk (where the platform allows it)."""
+    paths = [path] if path.is_file() else [Path(r) / f for r, _, fs in os.walk(path) for f in fs]
+    for item in paths:
+        if not item.is_symlink():
+            _fsync(item)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Makes renames in ``directory`` durable across a power loss (where the platform allows it)."""
+    _fsync(directory)
