@@ -17,6 +17,8 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
+from cli_process import run_command  # noqa: E402
+
 from mlm_adapt.model.tiny import build_tiny_bert  # noqa: E402 (after the thread budget above)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,9 +79,17 @@ def corpus_file(tmp_path, review_texts) -> Path:
     return path
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Runs ``python -m mlm_adapt ARGS`` in a subprocess, the way users do."""
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 300, fresh_interpreter: bool = False
+) -> subprocess.CompletedProcess:
+    """Runs ``python -m mlm_adapt ARGS`` in its own process, the way users do.
+
+    By default the process is forked from a server that imported mlm_adapt once (``cli_process``);
+    ``fresh_interpreter=True`` starts a new interpreter (the entry point itself, DDP relaunches).
+    """
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    if not fresh_interpreter:
+        return run_command(list(args), cwd, env, timeout)
     return subprocess.run(
         [sys.executable, "-m", "mlm_adapt", *args],
         cwd=cwd,

@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.data.preprocess import is_non_empty, to_blocks
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.corpus import BUILDERS, file_error, text_only
+from mlm_adapt.text.corpus import BUILDERS, builder_options, file_error, text_only
 from mlm_adapt.text.word_segmenter import WordSegmenter
 
 
@@ -55,7 +55,10 @@ def load_stream(files: list[str], key: str, text_column: str) -> datasets.Iterab
             f"{key}: data.streaming needs files of one format, got {', '.join(sorted(builders))}"
         )
     try:
-        stream = datasets.load_dataset(builders.pop(), data_files=files, split="train", streaming=True)
+        builder = builders.pop()
+        stream = datasets.load_dataset(
+            builder, data_files=files, split="train", streaming=True, **builder_options(builder)
+        )
     except Exception as exc:
         raise MLMAdaptError(f"{key}: could not stream {', '.join(files)}: {exc}") from exc
     return text_only(stream, text_column)

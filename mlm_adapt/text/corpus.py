@@ -133,6 +133,15 @@ def file_error(files: list[str], key: str) -> MLMAdaptError | None:
 
 # Files up to this size are read to tell a whitespace-only file from one with content.
 _SMALL_FILE = 1 << 16
+# ``datasets``' text builder reads 10 M characters per chunk (~30 MB of Chinese UTF-8) and holds two
+# chunks at once as Python strings and Arrow: ~250 MiB for a 100 MB corpus. A 1 M-character chunk keeps
+# loading's memory flat from a few MB of text on, at no measurable cost in speed.
+TEXT_CHUNK_CHARACTERS = 1 << 20
+
+
+def builder_options(builder: str) -> dict[str, int]:
+    """Extra ``load_dataset`` arguments for a builder (in-memory and streaming alike): the text chunk size."""
+    return {"chunksize": TEXT_CHUNK_CHARACTERS} if builder == "text" else {}
 
 
 def empty_file_error(files: list[str], key: str) -> MLMAdaptError | None:
@@ -158,7 +167,9 @@ def _load_one_builder(builder: str, files: list[str], key: str, text_column: str
     if empty is not None:
         raise empty
     try:
-        dataset = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=cache_dir)
+        dataset = datasets.load_dataset(
+            builder, data_files=files, split="train", cache_dir=cache_dir, **builder_options(builder)
+        )
     except Exception as exc:  # datasets wraps decode and parse errors in its own generation errors
         error = file_error(files, key)
         if error is not None:

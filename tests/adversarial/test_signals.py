@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from cli_process import CliProcess
 from conftest import REPO, tiny_fit_args
 
 from mlm_adapt.cli.commands import main
@@ -74,19 +73,12 @@ def test_signal_during_fit(case, tiny_model_dir, corpus_file, tmp_path, capsys):
     assert not [p for p in checkpoint.parent.iterdir() if p.name.endswith(".tmp")]  # written atomically
 
 
-def _run(args: list[str], root: Path) -> subprocess.Popen:
+def _run(args: list[str], root: Path) -> CliProcess:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]),
     }
-    return subprocess.Popen(
-        [sys.executable, "-m", "mlm_adapt", "fit", *args],
-        cwd=root,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return CliProcess(["fit", *args], cwd=root, env=env)
 
 
 def _state(checkpoint: Path) -> tuple[int, dict[str, torch.Tensor]]:
