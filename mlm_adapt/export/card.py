@@ -198,8 +198,7 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     for heading, rows in (("Corpus", corpus), ("Masking", masking), ("Training", _training_settings(info))):
         shown = [(k, v) for k, v in rows if v is not None or k == "user dictionary"]
         lines += ["", f"## {heading}", ""] + [
-            f"- {k}: {v if isinstance(v, str) and k in _VERBATIM else _fmt(v)}"
-            for k, v in shown
+            f"- {k}: {v if isinstance(v, str) and k in _VERBATIM else _fmt(v)}" for k, v in shown
         ]
     lines += [
         "",

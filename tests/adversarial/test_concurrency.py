@@ -80,20 +80,38 @@ def _appears(name: str, extra: str | None = None) -> Callable[[Workspace, pytest
 
 
 RACES = [
-    Race("lock_held_by_another_export", [*EXPORT, "--output_dir=exp", "--overwrite"], _lock(".exp.lock"),
-         ("--output_dir: exp is being written by another mlm_adapt process (pid 4242 on node7)",)),
-    Race("lock_held_on_a_new_directory", [*EXPORT, "--output_dir=out/model"], _lock("out/.model.lock"),
-         ("out/model is being written by another mlm_adapt process",)),
-    Race("lock_held_on_the_real_path_of_a_link", [*EXPORT, "--output_dir=current", "--overwrite"],
-         lambda ws, mp: ((ws.root / "current").symlink_to("exp"), held_lock(ws.root / ".exp.lock"))[1],
-         ("current (->", "is being written by another mlm_adapt process")),
-    Race("second_export_finishing_first_without_overwrite", [*EXPORT, "--output_dir=fresh"],
-         _appears("fresh"),
-         ("--output_dir: fresh was written by another process while this export ran; nothing was replaced",),
-         appears="fresh"),
-    Race("user_file_appearing_during_overwrite", [*EXPORT, "--output_dir=exp", "--overwrite"],
-         _appears("exp", extra="notes.txt"), ("exp was written by another process while this export ran",),
-         appears="exp"),
+    Race(
+        "lock_held_by_another_export",
+        [*EXPORT, "--output_dir=exp", "--overwrite"],
+        _lock(".exp.lock"),
+        ("--output_dir: exp is being written by another mlm_adapt process (pid 4242 on node7)",),
+    ),
+    Race(
+        "lock_held_on_a_new_directory",
+        [*EXPORT, "--output_dir=out/model"],
+        _lock("out/.model.lock"),
+        ("out/model is being written by another mlm_adapt process",),
+    ),
+    Race(
+        "lock_held_on_the_real_path_of_a_link",
+        [*EXPORT, "--output_dir=current", "--overwrite"],
+        lambda ws, mp: ((ws.root / "current").symlink_to("exp"), held_lock(ws.root / ".exp.lock"))[1],
+        ("current (->", "is being written by another mlm_adapt process"),
+    ),
+    Race(
+        "second_export_finishing_first_without_overwrite",
+        [*EXPORT, "--output_dir=fresh"],
+        _appears("fresh"),
+        ("--output_dir: fresh was written by another process while this export ran; nothing was replaced",),
+        appears="fresh",
+    ),
+    Race(
+        "user_file_appearing_during_overwrite",
+        [*EXPORT, "--output_dir=exp", "--overwrite"],
+        _appears("exp", extra="notes.txt"),
+        ("exp was written by another process while this export ran",),
+        appears="exp",
+    ),
 ]
 
 
@@ -144,15 +162,22 @@ class Leftover:
 
 LEFTOVERS = [
     Leftover("killed_writer_staging_is_cleaned", lambda exp: _killed_staging(exp), removed=True),
-    Leftover("killed_between_renames_restores_then_cleans", lambda exp: _killed_staging(exp, old=True),
-             removed=True),
+    Leftover(
+        "killed_between_renames_restores_then_cleans",
+        lambda exp: _killed_staging(exp, old=True),
+        removed=True,
+    ),
     Leftover("live_writer_staging_is_kept", lambda exp: create_staging(exp).path, removed=False),
-    Leftover("user_dir_with_our_name_is_kept", lambda exp: _mkdir(exp.parent / ".exp.staging-mynotes"),
-             removed=False),
+    Leftover(
+        "user_dir_with_our_name_is_kept",
+        lambda exp: _mkdir(exp.parent / ".exp.staging-mynotes"),
+        removed=False,
+    ),
     Leftover("marker_for_another_target_is_kept", lambda exp: _forged(exp, target="other"), removed=False),
     Leftover("marker_with_another_token_is_kept", lambda exp: _forged(exp, suffix="beef"), removed=False),
-    Leftover("staging_named_file_is_kept", lambda exp: _touch(exp.parent / ".exp.staging-0123"),
-             removed=False),
+    Leftover(
+        "staging_named_file_is_kept", lambda exp: _touch(exp.parent / ".exp.staging-0123"), removed=False
+    ),
     Leftover("stale_lock_of_a_killed_process_is_reused", lambda exp: _stale_lock(exp), removed=True),
 ]
 
@@ -243,16 +268,30 @@ def _raise(exc: Callable[[Path], BaseException]) -> Callable[[Path, pytest.Monke
 
 
 INTERRUPTED = [
-    Interrupted("disk_full_oserror_names_the_user_path",
-                _raise(lambda s: OSError(28, "No space left on device", str(s / "model.safetensors"))),
-                OSError, "{exp}/model.safetensors"),
-    Interrupted("disk_full_library_error_names_the_user_path",
-                _raise(lambda s: _SafetensorError("No space left on device (os error 28)")),
-                OSError, "{exp}"),
-    Interrupted("interrupt_midway_keeps_the_earlier_export", _raise(lambda s: KeyboardInterrupt()),
-                KeyboardInterrupt, ""),
-    Interrupted("failed_swap_puts_the_earlier_export_back", lambda s, mp: _fail_on_second_rename(mp),
-                PermissionError, "{exp}"),
+    Interrupted(
+        "disk_full_oserror_names_the_user_path",
+        _raise(lambda s: OSError(28, "No space left on device", str(s / "model.safetensors"))),
+        OSError,
+        "{exp}/model.safetensors",
+    ),
+    Interrupted(
+        "disk_full_library_error_names_the_user_path",
+        _raise(lambda s: _SafetensorError("No space left on device (os error 28)")),
+        OSError,
+        "{exp}",
+    ),
+    Interrupted(
+        "interrupt_midway_keeps_the_earlier_export",
+        _raise(lambda s: KeyboardInterrupt()),
+        KeyboardInterrupt,
+        "",
+    ),
+    Interrupted(
+        "failed_swap_puts_the_earlier_export_back",
+        lambda s, mp: _fail_on_second_rename(mp),
+        PermissionError,
+        "{exp}",
+    ),
 ]
 
 

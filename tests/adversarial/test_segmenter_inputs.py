@@ -34,8 +34,10 @@ CASES = {
     "unknown-name": ("fit", ["--data.segmenter=ltp"], "data.segmenter: unknown segmenter 'ltp'"),
     "bad-init-args": (
         "fit",
-        ['--data.segmenter={"class_path": "mlm_adapt.text.builtin_segmenters.ThulacSegmenter", '
-         '"init_args": {"dictionary": "x"}}'],
+        [
+            '--data.segmenter={"class_path": "mlm_adapt.text.builtin_segmenters.ThulacSegmenter", '
+            '"init_args": {"dictionary": "x"}}'
+        ],
         "data.segmenter: cannot use class_path",
     ),
     "unknown-opencc": ("fit", ["--data.opencc=t3s"], "data.opencc: unknown OpenCC configuration 't3s'"),

@@ -60,32 +60,69 @@ def _victim_link(name: str) -> Callable[..., None]:
 
 
 REFUSALS = [
-    Refusal("export_into_dangling_link", [*EXPORT, "--output_dir=out"],
-            ("--output_dir: out is a symbolic link to nowhere/model, which does not exist",),
-            setup=make_link("out", "nowhere/model")),
-    Refusal("export_below_dangling_directory_link", [*EXPORT, "--output_dir=deep/model"],
-            ("--output_dir: deep/model:", "deep is a symbolic link to missing, which does not exist"),
-            setup=make_link("deep", "missing")),
-    Refusal("export_into_link_loop", [*EXPORT, "--output_dir=a"], ("a is a symbolic link to b",),
-            setup=_loop),
-    Refusal("export_through_link_to_base_model", [*EXPORT, "--output_dir=alias", "--overwrite"],
-            ("--output_dir: alias (->", "base) is the input ./base"), setup=make_link("alias", "base")),
-    Refusal("export_through_link_to_export_without_overwrite", [*EXPORT, "--output_dir=current"],
-            ("--output_dir: current is not empty; pass overwrite",), setup=make_link("current", "exp")),
-    Refusal("export_through_link_to_cwd", [*EXPORT, "--output_dir=here", "--overwrite"],
-            ("here is the current directory",), setup=make_link("here", ".")),
-    Refusal("export_through_link_to_checkpoint_dir", [*EXPORT, "--output_dir=ckpts", "--overwrite"],
-            ("contains the input ./run/last.ckpt (--ckpt_path)",), setup=make_link("ckpts", "run")),
-    Refusal("export_with_lock_file_linked_to_user_file", [*EXPORT, "--output_dir=exp", "--overwrite"],
-            ("exp.lock (the lock file of exp) is a symbolic link",), setup=_victim_link(".exp.lock")),
-    Refusal("vocab_tokens_link_to_corpus", [*VOCAB, "--output_tokens=tokens.txt"],
-            ("--output_tokens: tokens.txt (->", "is the input ./corpus/corpus.txt"),
-            setup=make_link("tokens.txt", "corpus/corpus.txt")),
-    Refusal("vocab_dict_dangling_link", [*VOCAB, "--output_dict=dict.txt"],
-            ("--output_dict: dict.txt is a symbolic link to gone/dict.txt",),
-            setup=make_link("dict.txt", "gone/dict.txt")),
-    Refusal("plot_output_dangling_link", ["plot", "./logs", "--output=curves.png"],
-            ("--output: curves.png is a symbolic link to",), setup=make_link("curves.png", "nowhere.png")),
+    Refusal(
+        "export_into_dangling_link",
+        [*EXPORT, "--output_dir=out"],
+        ("--output_dir: out is a symbolic link to nowhere/model, which does not exist",),
+        setup=make_link("out", "nowhere/model"),
+    ),
+    Refusal(
+        "export_below_dangling_directory_link",
+        [*EXPORT, "--output_dir=deep/model"],
+        ("--output_dir: deep/model:", "deep is a symbolic link to missing, which does not exist"),
+        setup=make_link("deep", "missing"),
+    ),
+    Refusal(
+        "export_into_link_loop", [*EXPORT, "--output_dir=a"], ("a is a symbolic link to b",), setup=_loop
+    ),
+    Refusal(
+        "export_through_link_to_base_model",
+        [*EXPORT, "--output_dir=alias", "--overwrite"],
+        ("--output_dir: alias (->", "base) is the input ./base"),
+        setup=make_link("alias", "base"),
+    ),
+    Refusal(
+        "export_through_link_to_export_without_overwrite",
+        [*EXPORT, "--output_dir=current"],
+        ("--output_dir: current is not empty; pass overwrite",),
+        setup=make_link("current", "exp"),
+    ),
+    Refusal(
+        "export_through_link_to_cwd",
+        [*EXPORT, "--output_dir=here", "--overwrite"],
+        ("here is the current directory",),
+        setup=make_link("here", "."),
+    ),
+    Refusal(
+        "export_through_link_to_checkpoint_dir",
+        [*EXPORT, "--output_dir=ckpts", "--overwrite"],
+        ("contains the input ./run/last.ckpt (--ckpt_path)",),
+        setup=make_link("ckpts", "run"),
+    ),
+    Refusal(
+        "export_with_lock_file_linked_to_user_file",
+        [*EXPORT, "--output_dir=exp", "--overwrite"],
+        ("exp.lock (the lock file of exp) is a symbolic link",),
+        setup=_victim_link(".exp.lock"),
+    ),
+    Refusal(
+        "vocab_tokens_link_to_corpus",
+        [*VOCAB, "--output_tokens=tokens.txt"],
+        ("--output_tokens: tokens.txt (->", "is the input ./corpus/corpus.txt"),
+        setup=make_link("tokens.txt", "corpus/corpus.txt"),
+    ),
+    Refusal(
+        "vocab_dict_dangling_link",
+        [*VOCAB, "--output_dict=dict.txt"],
+        ("--output_dict: dict.txt is a symbolic link to gone/dict.txt",),
+        setup=make_link("dict.txt", "gone/dict.txt"),
+    ),
+    Refusal(
+        "plot_output_dangling_link",
+        ["plot", "./logs", "--output=curves.png"],
+        ("--output: curves.png is a symbolic link to",),
+        setup=make_link("curves.png", "nowhere.png"),
+    ),
 ]
 
 
@@ -108,18 +145,41 @@ class Through:
 
 
 THROUGH = [
-    Through("export_through_link_to_earlier_export", "current", "exp",
-            [*EXPORT, "--output_dir=current", "--overwrite"]),
-    Through("export_twice_through_link", "current", "exp", [*EXPORT, "--output_dir=current", "--overwrite"],
-            times=2),
-    Through("export_into_link_to_empty_dir", "empty_link", "empty", [*EXPORT, "--output_dir=empty_link"],
-            setup=lambda ws, mp: (ws.root / "empty").mkdir()),
-    Through("export_through_link_in_parent", "models/current", "exp",
-            [*EXPORT, "--output_dir=models/current", "--overwrite"],
-            setup=lambda ws, mp: (ws.root / "models").mkdir()),
-    Through("export_beside_staging_named_link_to_user_dir", "current", "exp",
-            [*EXPORT, "--output_dir=current", "--overwrite"], setup=_victim_link(".exp.staging-abc"),
-            kept=("victim", ".exp.staging-abc")),
+    Through(
+        "export_through_link_to_earlier_export",
+        "current",
+        "exp",
+        [*EXPORT, "--output_dir=current", "--overwrite"],
+    ),
+    Through(
+        "export_twice_through_link",
+        "current",
+        "exp",
+        [*EXPORT, "--output_dir=current", "--overwrite"],
+        times=2,
+    ),
+    Through(
+        "export_into_link_to_empty_dir",
+        "empty_link",
+        "empty",
+        [*EXPORT, "--output_dir=empty_link"],
+        setup=lambda ws, mp: (ws.root / "empty").mkdir(),
+    ),
+    Through(
+        "export_through_link_in_parent",
+        "models/current",
+        "exp",
+        [*EXPORT, "--output_dir=models/current", "--overwrite"],
+        setup=lambda ws, mp: (ws.root / "models").mkdir(),
+    ),
+    Through(
+        "export_beside_staging_named_link_to_user_dir",
+        "current",
+        "exp",
+        [*EXPORT, "--output_dir=current", "--overwrite"],
+        setup=_victim_link(".exp.staging-abc"),
+        kept=("victim", ".exp.staging-abc"),
+    ),
 ]
 
 

@@ -106,6 +106,9 @@ def test_cli_reports_a_bad_task_file_in_one_line(tiny_model_dir, corpus_file, tm
         args = tiny_fit_args(tiny_model_dir, corpus_file, tmp_path, f"--downstream.tasks={json.dumps(tasks)}")
         main(["fit", *args])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
-        "mlm_adapt: error: downstream.tasks[0].train_files: "
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .startswith("mlm_adapt: error: downstream.tasks[0].train_files: ")
     )

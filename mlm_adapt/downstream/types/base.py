@@ -126,7 +126,6 @@ class TaskType(ABC):
         standard error over test examples (``bootstrap`` resamples; none below 2)."""
 
 
-
 class ClassificationType(TaskType, ABC):
     """A type whose targets are class indices: a logistic-regression probe and labels named in the config."""
 
@@ -137,6 +136,7 @@ class ClassificationType(TaskType, ABC):
         config.num_labels = len(label_names)
         config.id2label = dict(enumerate(label_names))
         config.label2id = {name: i for i, name in enumerate(label_names)}
+
 
 def class_label(value: Any, key: str, files: str) -> str:
     """A class name from a label cell (strings and numbers; ``1`` and ``"1"`` are the same class)."""

@@ -69,7 +69,7 @@ class SequenceClassification(ClassificationType):
             split.texts,
             split.pairs,
             truncation=True,
-        split_special_tokens=True,  # text is text, as in training (mlm_adapt.text.alignment)
+            split_special_tokens=True,  # text is text, as in training (mlm_adapt.text.alignment)
             max_length=max_length,
             return_special_tokens_mask=True,
         )
