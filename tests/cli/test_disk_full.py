@@ -32,7 +32,8 @@ def full_disk(tmp_path) -> Path:
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
     yield mount_point
-    subprocess.run(["umount", str(mount_point)], check=False, timeout=30)
+    # Lazy: a process that still has a file open there (a busy mount) must not leave it mounted.
+    subprocess.run(["umount", "--lazy", str(mount_point)], check=False, timeout=30)
 
 
 def test_torch_save_on_a_full_disk(full_disk):
