@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -25,6 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# ``caplog`` reads records through the root logger. Lightning stops its logger's propagation when the root
+# logger had no handler at Lightning's import, which depends on the import order and the pytest version
+# (imported here, before pytest's log capture, under pytest 8): the tests of logged lines would see none.
+logging.getLogger("lightning.pytorch").propagate = True
 
 
 # Fixtures of scope module or session that run a whole fit, shared by several tests.

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +88,43 @@ def read_records(out_dir: Path, rank: int = 0) -> list[dict]:
     """The recorded batches of one rank, in order."""
     path = Path(out_dir) / f"rank{rank}.jsonl"
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def recorded_fit_args(root: Path, steps: int, checkpoint_every: int) -> list[str]:
+    """Fit arguments for a run that records every batch into ``root/rec`` and checkpoints into
+    ``root/ckpt`` every ``checkpoint_every`` steps (with ``last.ckpt``); epochs of 6 batches, so that a run
+    resumed mid-epoch 0 crosses into epoch 1 (reshuffle, new masks, a validation in between)."""
+    return [
+        f"--trainer.max_steps={steps}",
+        "--trainer.limit_train_batches=6",
+        "--trainer.callbacks+=ModelCheckpoint",
+        f"--trainer.callbacks.dirpath={root / 'ckpt'}",
+        f"--trainer.callbacks.every_n_train_steps={checkpoint_every}",
+        "--trainer.callbacks.save_last=true",
+        "--trainer.callbacks+=tests.recorder.BatchRecorder",
+        f"--trainer.callbacks.out_dir={root / 'rec'}",
+    ]
+
+
+def assert_kill_and_resume_reproduces(fit: Callable[..., Any], root: Path, steps: int, kill_at: int) -> None:
+    """Runs ``fit(run_dir, *extra)`` straight (``root/straight``), then killed by SIGKILL after ``kill_at``
+    steps and resumed with ``--ckpt_path last`` (``root/killed``); asserts that the resumed run saw the same
+    steps, examples and masks as the straight one."""
+    straight, killed = root / "straight", root / "killed"
+    result = fit(straight)
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = fit(killed, f"--trainer.callbacks.kill_at_step={kill_at}")
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+    assert (killed / "ckpt" / "last.ckpt").is_file()
+    first_half = read_records(killed / "rec")
+    assert [r["step"] for r in first_half] == list(range(kill_at))
+    (killed / "rec" / "rank0.jsonl").rename(killed / "rec" / "first_half.jsonl")
+    result = fit(killed, "--ckpt_path=last")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    expected = read_records(straight / "rec")
+    assert [r["step"] for r in expected] == list(range(steps))
+    assert {r["epoch"] for r in expected} == {0, 1}
+    key = ("step", "epoch", "batch_idx", "ids", "digest")  # digest: same examples and same masks
+    resumed = first_half + read_records(killed / "rec")
+    assert [{k: r[k] for k in key} for r in resumed] == [{k: r[k] for k in key} for r in expected]

@@ -4,12 +4,11 @@ exact resume and a 2-process DDP fit from a prepared directory."""
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import pytest
 from conftest import run_cli, tiny_fit_args
-from recorder import read_records
+from recorder import assert_kill_and_resume_reproduces, read_records, recorded_fit_args
 
 from mlm_adapt.cli.commands import main
 
@@ -78,18 +77,7 @@ STEPS, KILL_AT = 8, 4
 
 def _fit(args: list[str], root: Path, *extra: str):
     return run_cli(
-        "fit",
-        *args,
-        f"--trainer.default_root_dir={root}",
-        f"--trainer.max_steps={STEPS}",
-        "--trainer.limit_train_batches=6",
-        "--trainer.callbacks+=ModelCheckpoint",
-        f"--trainer.callbacks.dirpath={root / 'ckpt'}",
-        f"--trainer.callbacks.every_n_train_steps={KILL_AT}",
-        "--trainer.callbacks.save_last=true",
-        "--trainer.callbacks+=tests.recorder.BatchRecorder",
-        f"--trainer.callbacks.out_dir={root / 'rec'}",
-        *extra,
+        "fit", *args, f"--trainer.default_root_dir={root}", *recorded_fit_args(root, STEPS, KILL_AT), *extra
     )
 
 
@@ -97,19 +85,7 @@ def _fit(args: list[str], root: Path, *extra: str):
 def test_exact_resume_from_a_prepared_dir(tiny_model_dir, corpus_file, tmp_path):
     _, args = _prepared(tiny_model_dir, corpus_file, tmp_path)
     corpus_file.unlink()
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    result = _fit(args, straight)
-    assert result.returncode == 0, result.stderr[-3000:]
-    result = _fit(args, killed, f"--trainer.callbacks.kill_at_step={KILL_AT}")
-    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
-    first_half = read_records(killed / "rec")
-    (killed / "rec" / "rank0.jsonl").rename(killed / "rec" / "first_half.jsonl")
-    result = _fit(args, killed, "--ckpt_path=last")
-    assert result.returncode == 0, result.stderr[-3000:]
-    key = ("step", "epoch", "batch_idx", "ids", "digest")
-    resumed = [{k: r[k] for k in key} for r in first_half + read_records(killed / "rec")]
-    assert resumed == [{k: r[k] for k in key} for r in read_records(straight / "rec")]
-    assert [r["step"] for r in resumed] == list(range(STEPS))
+    assert_kill_and_resume_reproduces(lambda root, *extra: _fit(args, root, *extra), tmp_path, STEPS, KILL_AT)
 
 
 @pytest.mark.slow

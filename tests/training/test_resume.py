@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import make_datamodule, run_cli, tiny_fit_args
-from recorder import read_records
+from recorder import assert_kill_and_resume_reproduces, recorded_fit_args
 
 from mlm_adapt.training.resume import AtomicCheckpointIO, ExactResume, batch_seed
 
@@ -22,16 +21,7 @@ def _fit(model_dir: Path, corpus: Path, root: Path, *extra: str):
             model_dir,
             corpus,
             root,
-            f"--trainer.max_steps={STEPS}",
-            # Epochs of 6 batches: the resumed run starts mid-epoch 0 and crosses into epoch 1 (reshuffle,
-            # new masks, a validation run in between).
-            "--trainer.limit_train_batches=6",
-            "--trainer.callbacks+=ModelCheckpoint",
-            f"--trainer.callbacks.dirpath={root / 'ckpt'}",
-            f"--trainer.callbacks.every_n_train_steps={KILL_AT}",
-            "--trainer.callbacks.save_last=true",
-            "--trainer.callbacks+=tests.recorder.BatchRecorder",
-            f"--trainer.callbacks.out_dir={root / 'rec'}",
+            *recorded_fit_args(root, STEPS, KILL_AT),
             f"--data.cache_dir={root.parent / 'hf_cache'}",  # shared: preprocess once for the three runs
             *extra,
         ),
@@ -53,29 +43,14 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
     ids=["constant_rate", "rate_schedule"],  # schedule: each step's rate follows the batch across the kill
 )
 def test_sigkill_and_resume_reproduces_the_straight_run(tiny_model_dir, corpus_file, tmp_path, rate):
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    result = _fit(tiny_model_dir, corpus_file, straight, *rate)
-    assert result.returncode == 0, result.stderr[-3000:]
+    def fit(root: Path, *extra: str):
+        return _fit(tiny_model_dir, corpus_file, root, *extra, *rate)
 
-    result = _fit(tiny_model_dir, corpus_file, killed, f"--trainer.callbacks.kill_at_step={KILL_AT}", *rate)
-    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
-    assert (killed / "ckpt" / "last.ckpt").is_file()
-    first_half = read_records(killed / "rec")
-    assert [r["step"] for r in first_half] == list(range(KILL_AT))
-
-    (killed / "rec" / "rank0.jsonl").rename(killed / "rec" / "first_half.jsonl")
-    result = _fit(tiny_model_dir, corpus_file, killed, "--ckpt_path=last", *rate)
-    assert result.returncode == 0, result.stderr[-3000:]
-    second_half = read_records(killed / "rec")
-
-    expected = read_records(straight / "rec")
-    assert [r["step"] for r in expected] == list(range(STEPS))
-    assert {r["epoch"] for r in expected} == {0, 1}
-    resumed = first_half + second_half
-    key = ("step", "epoch", "batch_idx", "ids", "digest")  # digest: same examples and same masks
-    assert [{k: r[k] for k in key} for r in resumed] == [{k: r[k] for k in key} for r in expected]
-
-    a, b = _weights(straight / "ckpt" / "last.ckpt"), _weights(killed / "ckpt" / "last.ckpt")
+    assert_kill_and_resume_reproduces(fit, tmp_path, STEPS, KILL_AT)
+    a, b = (
+        _weights(tmp_path / "straight" / "ckpt" / "last.ckpt"),
+        _weights(tmp_path / "killed" / "ckpt" / "last.ckpt"),
+    )
     assert a.keys() == b.keys()
     max_diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     # Same batches, masks, dropout seeds and reduction order on CPU: bit-identical (tolerance 0).
