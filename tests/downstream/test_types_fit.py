@@ -27,13 +27,9 @@ def _fit(tiny_model_dir, corpus_file, tmp_path, callback, caplog, **trainer_args
     datamodule = make_datamodule(tiny_model_dir, corpus_file, tmp_path, validation_split=0.1)
     args = dict(max_steps=5, val_check_interval=1, limit_val_batches=1, callbacks=[callback])
     trainer = quiet_trainer(**{**args, **trainer_args})
-    lightning_log = logging.getLogger("lightning.pytorch")
-    lightning_log.addHandler(caplog.handler)  # Lightning's logger does not propagate to the root
-    try:
-        with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
-            trainer.fit(module, datamodule=datamodule)
-    finally:
-        lightning_log.removeHandler(caplog.handler)
+    # conftest makes Lightning's logger propagate to the root logger, where caplog listens.
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
+        trainer.fit(module, datamodule=datamodule)
     return trainer
 
 
