@@ -5,8 +5,12 @@ development machine, most of what a tiny CLI fit costs. The suite's CLI runs are
 server process (``multiprocessing``'s forkserver, one per pytest worker) that imported mlm_adapt once and
 has run nothing: each command still gets its own process (own pid, signals, exit code, ``sys.argv``,
 environment, working directory and stdout/stderr), as with ``python -m mlm_adapt``, but starts in
-milliseconds. Tests about the interpreter itself (the entry point, ``--debug`` tracebacks, DDP ranks
-that relaunch ``sys.argv``) ask for ``fresh_interpreter=True``.
+milliseconds. What a library reads from the environment at import time (``OMP_NUM_THREADS`` for torch's
+thread pool, ``HF_HUB_OFFLINE`` for huggingface_hub's constants) keeps the server's value, set by conftest
+before the first fork; the rest of a test's environment applies. A forked command ends with ``os._exit``
+(no interpreter shutdown), so a test of what a user's terminal shows at exit asks ``run_cli`` for
+``fresh_interpreter=True``. DDP's second rank is a new interpreter either way (Lightning relaunches
+``sys.argv``, which is set as ``python -m mlm_adapt`` sets it).
 """
 
 from __future__ import annotations

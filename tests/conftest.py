@@ -98,7 +98,7 @@ def run_cli(
     """Runs ``python -m mlm_adapt ARGS`` in its own process, the way users do.
 
     By default the process is forked from a server that imported mlm_adapt once (``cli_process``);
-    ``fresh_interpreter=True`` starts a new interpreter (the entry point itself, DDP relaunches).
+    ``fresh_interpreter=True`` starts a new interpreter (what a terminal shows when the interpreter exits).
     """
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     if not fresh_interpreter:
