@@ -40,5 +40,10 @@ class StepTimer(L.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.events["train_end"] = time.perf_counter()
+        # The last downstream evaluation's seconds (logged by DownstreamEvaluation), when tasks are set.
+        downstream = trainer.callback_metrics.get("downstream/time_s")
         if trainer.is_global_zero:
-            self.out_file.write_text(json.dumps({"steps": self.steps, "events": self.events}))
+            record = {"steps": self.steps, "events": self.events}
+            if downstream is not None:
+                record["downstream_s"] = float(downstream)
+            self.out_file.write_text(json.dumps(record))

