@@ -12,6 +12,7 @@ whose header does not fit it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,12 +101,18 @@ def _one_line(exc: Exception) -> str:
     return line
 
 
-def pretrained_config(name: str, key: str) -> PretrainedConfig:
-    """``AutoConfig.from_pretrained(name, trust_remote_code=False)`` after the local checks."""
+def _check_local(name: str, key: str, *checks: Callable[[Path, str], None]) -> None:
+    """Refuses a bad ``name``; for a local directory, runs ``checks`` on it before anything is loaded."""
     check_model_path(name, key)
     directory = _local_dir(name)
     if directory is not None:
-        check_config_dir(directory, key)
+        for check in checks:
+            check(directory, key)
+
+
+def pretrained_config(name: str, key: str) -> PretrainedConfig:
+    """``AutoConfig.from_pretrained(name, trust_remote_code=False)`` after the local checks."""
+    _check_local(name, key, check_config_dir)
     try:
         return AutoConfig.from_pretrained(name, trust_remote_code=TRUST_REMOTE_CODE)
     except Exception as exc:
@@ -117,11 +124,7 @@ def pretrained_masked_lm(name: str, key: str, **kwargs: Any) -> PreTrainedModel:
 
     A ``ValueError`` other than a refused file is left to the caller (an architecture without an MLM head).
     """
-    check_model_path(name, key)
-    directory = _local_dir(name)
-    if directory is not None:
-        check_config_dir(directory, key)
-        check_weight_files(directory, key)
+    _check_local(name, key, check_config_dir, check_weight_files)
     try:
         return AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=TRUST_REMOTE_CODE, **kwargs)
     except (OSError, ValueError) as exc:
@@ -132,10 +135,7 @@ def pretrained_masked_lm(name: str, key: str, **kwargs: Any) -> PreTrainedModel:
 
 def pretrained_tokenizer(name: str, key: str) -> PreTrainedTokenizerBase:
     """``AutoTokenizer.from_pretrained(name, trust_remote_code=False)`` after the local checks."""
-    check_model_path(name, key)
-    directory = _local_dir(name)
-    if directory is not None:
-        check_tokenizer_dir(directory, key)
+    _check_local(name, key, check_tokenizer_dir)
     try:
         return AutoTokenizer.from_pretrained(name, trust_remote_code=TRUST_REMOTE_CODE)
     except Exception as exc:

@@ -83,7 +83,7 @@ def test_ddp_ranks_log_the_single_device_scores(ddp_run):
     """Downstream evaluation under DDP: identical on both ranks, and equal to a single-process evaluation
     of the same weights."""
     root, _ = ddp_run
-    ranks = [_read(root / "ranks" / f"rank{r}.jsonl") for r in (0, 1)]
+    ranks = [read_records(root / "ranks", r) for r in (0, 1)]  # RankMetrics writes the same layout
     assert ranks[0] == ranks[1]  # same steps, bit-identical values
     final = ranks[0][-1]
     assert final["step"] == STEPS and "downstream/ner/f1" in final["metrics"]
@@ -95,10 +95,6 @@ def test_ddp_ranks_log_the_single_device_scores(ddp_run):
     for name, value in expected.items():
         if name != "downstream/time_s":
             assert final["metrics"][name] == pytest.approx(value, abs=1e-6), name
-
-
-def _read(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 def test_epoch_sampler_shards_are_disjoint_cover_the_data_and_reshuffle_per_epoch():
