@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,13 +45,27 @@ class BatchRecorder(L.Callback):
             ``global_step == kill_at_step`` (after the checkpoints of that step were written, before the batch
             is recorded).
         kill_signal: ``SIGKILL`` (a crash) or e.g. ``SIGUSR1`` (SLURM's pre-timeout warning).
+        kill_rank: Only this global rank kills itself (default: every rank).
+        pause_s: Sleep this long after every batch (a job slow enough to be signalled mid-run).
+
+    Every batch's training loss goes to ``out_dir/loss{R}.jsonl`` (``step``, ``loss``) at its end.
     """
 
-    def __init__(self, out_dir: str, kill_at_step: int | None = None, kill_signal: str = "SIGKILL"):
+    def __init__(
+        self,
+        out_dir: str,
+        kill_at_step: int | None = None,
+        kill_signal: str = "SIGKILL",
+        kill_rank: int | None = None,
+        pause_s: float = 0.0,
+    ):
         self.out_dir = Path(out_dir)
         self.kill_at_step = kill_at_step
         self.kill_signal = kill_signal
+        self.kill_rank = kill_rank
+        self.pause_s = pause_s
         self.index: dict[tuple[int, ...], int] | None = None
+        self._step = 0
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         dataset = getattr(trainer.datamodule, "train_dataset", None)
@@ -63,7 +78,9 @@ class BatchRecorder(L.Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self.kill_at_step is not None and trainer.global_step == self.kill_at_step:
+        self._step = trainer.global_step
+        killing = self.kill_rank is None or self.kill_rank == trainer.global_rank
+        if self.kill_at_step is not None and trainer.global_step == self.kill_at_step and killing:
             os.kill(os.getpid(), getattr(signal, self.kill_signal))
         rows = original_rows(batch)
         record = {
@@ -83,10 +100,20 @@ class BatchRecorder(L.Callback):
             handle.flush()
             os.fsync(handle.fileno())
 
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        record = {"step": self._step, "loss": float(loss)}
+        with open(self.out_dir / f"loss{trainer.global_rank}.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.pause_s:
+            time.sleep(self.pause_s)
 
-def read_records(out_dir: Path, rank: int = 0) -> list[dict]:
-    """The recorded batches of one rank, in order."""
-    path = Path(out_dir) / f"rank{rank}.jsonl"
+
+def read_records(out_dir: Path, rank: int = 0, kind: str = "rank") -> list[dict]:
+    """The recorded batches of one rank, in order (``kind="loss"``: their losses)."""
+    path = Path(out_dir) / f"{kind}{rank}.jsonl"
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 

@@ -29,6 +29,7 @@ from mlm_adapt.training.resume_lookup import (
     conflict_message,
     resolve_resume,
     resume_conflicts,
+    root_loggers,
 )
 
 EVALUATION_COMMANDS = ("validate", "test")
@@ -85,6 +86,7 @@ class MLMAdaptCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         # Before the loggers exist: `last` must name the killed run's checkpoint and its logger version;
         # validate/test look it up the same way (and keep a logger version of their own).
+        root_loggers((self.config[self.subcommand] if self.subcommand else self.config).trainer)
         if self.subcommand == "fit":
             resolve_resume(self.config.fit)
         elif self.subcommand in EVALUATION_COMMANDS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from functools import cached_property
+from pathlib import Path
 
 import datasets
 import lightning as L
@@ -30,6 +31,7 @@ from mlm_adapt.data.validation_sets import (
     warn_overlap,
 )
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.guard.locks import locked
 from mlm_adapt.masking import MaskingScheme, WholeWordMaskCollator
 from mlm_adapt.masking.schedule import RateSpec
 from mlm_adapt.text.chinese_variants import OpenCCConfig
@@ -37,6 +39,9 @@ from mlm_adapt.text.corpus import expand_files, load_files, load_hub
 from mlm_adapt.text.segmentation import BuiltinSegmenter, Segmentation
 from mlm_adapt.text.tokenizer import load_tokenizer
 from mlm_adapt.text.word_segmenter import WordSegmenter
+
+# The lock that lets one process of a job fill a shared ``datasets`` cache (``.preprocessing.lock`` in it).
+PREPROCESS_LOCK = "preprocessing"
 
 
 class MLMDataModule(L.LightningDataModule):
@@ -248,11 +253,18 @@ class MLMDataModule(L.LightningDataModule):
 
     @override
     def prepare_data(self) -> None:
-        # Runs once per node before setup: fills datasets' fingerprint cache, which setup() then reads.
+        # Runs on local rank 0 of every node before setup: fills datasets' fingerprint cache, which setup()
+        # then reads. On several nodes sharing one cache (a shared filesystem) the first node to take the
+        # cache's lock preprocesses; the others wait, then find every step cached and only load it. With
+        # node-local caches each node preprocesses its own.
         if self.hparams.prepared_dir:
             return  # segmented and tokenized by ``prepare``: nothing to do on any node
         self.segmenter("预热")  # builds jieba's dictionary cache once per node; ranks and workers load it
-        if not self.hparams.streaming:
+        if self.hparams.streaming:
+            return
+        cache = Path(self.hparams.cache_dir or datasets.config.HF_DATASETS_CACHE).absolute()
+        cache.mkdir(parents=True, exist_ok=True)
+        with locked(cache / PREPROCESS_LOCK, "data.cache_dir", f"the preprocessing in {cache}", wait=True):
             self._preprocess(self._load_raw())
 
     @override

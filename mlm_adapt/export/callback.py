@@ -27,7 +27,8 @@ from mlm_adapt.model.checkpoints import load_checkpoint, module_from_checkpoint
 from mlm_adapt.model.metrics import before_after_metrics
 from mlm_adapt.text.tokenizer import load_tokenizer
 
-DEFAULT_DIRNAME = "hf_model"
+# Inside the run root, next to the logs and checkpoints of the run (one root per run or Slurm job).
+DEFAULT_DIRNAME = "export"
 # Strategies whose module holds the whole model on every rank (others shard it: export reads checkpoints).
 WHOLE_WEIGHTS = (SingleDeviceStrategy, DDPStrategy)
 
@@ -101,7 +102,8 @@ class HFExport(ExportOptions, L.Callback):
     ``python -m mlm_adapt export`` can write the same card from any checkpoint later.
 
     Args:
-        output_dir: Where to write; default ``<log_dir>/hf_model`` (a fresh directory per run).
+        output_dir: Where to write; default ``<trainer.default_root_dir>/export``, in the run's root with
+            its logs and checkpoints.
         enabled: Export at the end of ``fit`` (metrics are recorded in checkpoints either way).
         checkpoint: ``best``: the weights of the validation with the best ``monitor`` value: the best
             checkpoint of the ``ModelCheckpoint`` that monitors it or, without one, a copy of those
@@ -141,9 +143,7 @@ class HFExport(ExportOptions, L.Callback):
         self.corpus_stats = dict(getattr(trainer.datamodule, "corpus_stats", None) or {})
         if not self.enabled:
             return
-        self.export_dir = Path(
-            self.output_dir or Path(trainer.log_dir or trainer.default_root_dir) / DEFAULT_DIRNAME
-        )
+        self.export_dir = Path(self.output_dir or Path(trainer.default_root_dir) / DEFAULT_DIRNAME)
         # Fail before training rather than after it.
         for callback in trainer.checkpoint_callbacks:
             if getattr(callback, "monitor", None) == self.monitor and callback.mode != self.mode:
@@ -210,6 +210,17 @@ class HFExport(ExportOptions, L.Callback):
                 return callback.best_model_path
         return None
 
+    def _why_no_best(self, trainer: L.Trainer) -> str:
+        """Why a validated run has no best weights: no saved checkpoint yet, or the metric never logged."""
+        monitoring = [c for c in trainer.checkpoint_callbacks if getattr(c, "monitor", None) == self.monitor]
+        logged = any(self.monitor in metrics for metrics in self.val_history.values())
+        if monitoring and (logged or self.monitor in trainer.callback_metrics):
+            return (
+                f"no ModelCheckpoint monitoring {self.monitor!r} saved a checkpoint during the run (its "
+                "every_n_train_steps or every_n_epochs was not reached)"
+            )
+        return f"{self.monitor!r} was never logged"
+
     def _last_checkpoint(self, trainer: L.Trainer) -> str | None:
         for callback in trainer.checkpoint_callbacks:
             if callback.last_model_path:
@@ -251,9 +262,7 @@ class HFExport(ExportOptions, L.Callback):
             baseline = dict(getattr(pl_module, "baseline_metrics", {}))
             source = "final weights of the run"
             if self.checkpoint == "best" and self.val_history:  # validated, yet no best weights
-                rank_zero_warn(
-                    f"export.monitor {self.monitor!r} was never logged; exported the final weights"
-                )
+                rank_zero_warn(f"export.monitor: {self._why_no_best(trainer)}; exported the final weights")
         final, final_step = val_metrics_at(self.val_history, step)
         datamodule = trainer.datamodule
         tokenizer = getattr(datamodule, "tokenizer", None) or load_tokenizer(

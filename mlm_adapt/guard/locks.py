@@ -82,8 +82,12 @@ def _claim(fd: int, path: Path, key: str, shown: str) -> None:
         handle.write(json.dumps({"format": _LOCK_FORMAT, **owner_record()}) + "\n")
 
 
-def acquire(target: Path, key: str, shown: str) -> None:
-    """Takes the exclusive lock of ``target`` (its parent must exist), or refuses: another process has it."""
+def acquire(target: Path, key: str, shown: str, wait: bool = False) -> None:
+    """Takes the exclusive lock of ``target`` (its parent must exist), or refuses: another process has it.
+
+    With ``wait`` it waits for the other process instead (one line says for whom), e.g. for the node that
+    fills a shared cache.
+    """
     path = lock_path(target)
     with _registry:
         if path in _held:
@@ -96,11 +100,15 @@ def acquire(target: Path, key: str, shown: str) -> None:
                     raise OSError(errno.ENOSYS, "no flock on this platform")
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                os.close(fd)
-                raise MLMAdaptError(
-                    f"{key}: {shown} is being written by another mlm_adapt process{_holder(path)}; wait for "
-                    "it to finish or choose another directory"
-                ) from None
+                if wait:
+                    print(f"mlm_adapt: waiting for {shown}{_holder(path)}", flush=True)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                else:
+                    os.close(fd)
+                    raise MLMAdaptError(
+                        f"{key}: {shown} is being written by another mlm_adapt process{_holder(path)}; wait "
+                        "for it to finish or choose another directory"
+                    ) from None
             except OSError as exc:
                 os.close(fd)
                 if exc.errno not in _UNSUPPORTED:
@@ -148,9 +156,9 @@ def release(target: Path) -> None:
 
 
 @contextlib.contextmanager
-def locked(target: Path, key: str, shown: str) -> Iterator[None]:
-    """Holds the exclusive lock of ``target`` for the ``with`` block."""
-    acquire(target, key, shown)
+def locked(target: Path, key: str, shown: str, wait: bool = False) -> Iterator[None]:
+    """Holds the exclusive lock of ``target`` for the ``with`` block (``wait``: see :func:`acquire`)."""
+    acquire(target, key, shown, wait)
     try:
         yield
     finally:

@@ -176,6 +176,10 @@ def conflict_message(checkpoint: str | Path, conflicts: list[str]) -> str:
 VERSIONED_LOGGERS = ("CSVLogger", "TensorBoardLogger")
 
 
+# A logger ``save_dir`` that means "the run's root directory", whatever --trainer.default_root_dir says.
+RUN_ROOT = "${trainer.default_root_dir}"
+
+
 def _entries(value: Any) -> list[Any]:
     if value is None or isinstance(value, bool):
         return []
@@ -196,6 +200,23 @@ def versioned_logger_args(logger_config: Any) -> list[Any]:
         if class_path.rsplit(".", 1)[-1] in VERSIONED_LOGGERS and init_args is not None:
             found.append(init_args)
     return found
+
+
+def root_loggers(trainer_config: Any) -> None:
+    """Loggers whose ``save_dir`` is :data:`RUN_ROOT` (or unset) write under ``trainer.default_root_dir``.
+
+    The shipped configs say ``save_dir: ${trainer.default_root_dir}``, so one ``--trainer.default_root_dir``
+    (a Slurm job's ``ROOT``) moves the whole run: logs, the checkpoints in the loggers' versions and the
+    export. Only this one value is substituted (the configs are plain YAML, not OmegaConf).
+
+    Args:
+        trainer_config: The ``trainer`` section of LightningCLI's parsed config (changed in place).
+    """
+    root = str(trainer_config.default_root_dir or ".")
+    for entry in _entries(trainer_config.logger):
+        init_args = getattr(entry, "init_args", None)
+        if init_args is not None and "save_dir" in init_args and init_args.save_dir in (None, RUN_ROOT):
+            init_args.save_dir = root
 
 
 def logger_root(init_args: Any, default_root_dir: str | Path) -> Path:

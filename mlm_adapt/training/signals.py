@@ -12,13 +12,20 @@ success). :class:`StopOnSignal` keeps Lightning's mechanism and adds the missing
 - the CLI exits with ``128 + signal`` (143 for SIGTERM), however the signal reached it.
 
 The requeue signal (SLURM's ``--signal=USR1@90``; ``SLURMEnvironment.requeue_signal``) is handled the same
-way, except where Lightning's SLURM auto-requeue is configured: then Lightning's own handler saves its
-``hpc_ckpt`` and requeues the job, as documented by Lightning.
+way; where Lightning's SLURM auto-requeue is configured, rank 0 then also runs ``scontrol requeue`` and the
+requeued job continues with ``--ckpt_path last`` (as ``scripts/slurm/train.sbatch`` passes). Lightning's
+own handlers are not used: they save ``hpc_ckpt`` inside the signal handler, wherever each rank happens to
+be (mid-step, or mid-optimizer update), so the requeued job trained on other states than the one it
+replaced; and its SIGTERM handler broadcasts from inside the handler, which can pair with any collective
+of another rank. At a step boundary every rank agrees first (one ``all_reduce``), then saves together.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import signal
+import subprocess
 import threading
 from pathlib import Path
 from types import FrameType
@@ -28,7 +35,7 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 
@@ -122,12 +129,16 @@ class StopOnSignal(L.Callback):
         # Before Lightning registers its own SIGTERM handler, which then calls this one too.
         if stage != "fit" or threading.current_thread() is not threading.main_thread():
             return
-        handlers: dict[int, Any] = {signal.SIGTERM: _record}
-        # Under Lightning's SLURM auto-requeue its own handler saves hpc_ckpt and requeues; it registers only
-        # where no handler is set, so the CLI's is taken away for the run.
-        handlers[requeue_signal(trainer)] = signal.SIG_DFL if lightning_requeues(trainer) else _record
-        for signum, handler in handlers.items():
-            self._previous[signum] = signal.signal(signum, handler)
+        # Lightning registers its requeue handler only where none is set: with this one it never does.
+        for signum in (signal.SIGTERM, requeue_signal(trainer)):
+            self._previous[signum] = signal.signal(signum, _record)
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning has now composed its SIGTERM handler with this one; its part broadcasts from inside the
+        # handler (see the module docstring). The flag it sets is set here at the step boundary instead.
+        if threading.current_thread() is threading.main_thread() and self._previous:
+            signal.signal(signal.SIGTERM, _record)
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -158,9 +169,47 @@ class StopOnSignal(L.Callback):
             # Mid-accumulation: hold Lightning's flag back, or it would stop before the optimizer step.
             connector.received_sigterm = False
             return
+        # A requeue signal on any rank makes the stop a requeue on every rank.
+        requeue = STOP.signum == requeue_signal(trainer)
+        if trainer.world_size > 1:
+            requeue = trainer.strategy.reduce_boolean_decision(requeue, all=False)
+        if requeue:
+            STOP.signum = requeue_signal(trainer)
         path = checkpoint_path(trainer)
         trainer.save_checkpoint(path)
         STOP.checkpoint, STOP.step = path, trainer.global_step
         STOP.signum = STOP.signum or signal.SIGTERM
         rank_zero_info(f"mlm_adapt: {STOP.summary()}")
+        if STOP.signum == requeue_signal(trainer) and lightning_requeues(trainer):
+            trainer.strategy.barrier("mlm_adapt_requeue")  # every rank's part of the checkpoint is written
+            if trainer.is_global_zero:
+                requeue_slurm_job()
         connector.received_sigterm = True  # Lightning stops at the end of this batch (SIGTERMException)
+
+
+def slurm_job_id() -> str | None:
+    """This Slurm job's id as ``scontrol`` takes it (``ARRAYID_TASK`` for an array task), else ``None``."""
+    array_job, array_task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array_job}_{array_task}" if array_job and array_task else os.environ.get("SLURM_JOB_ID")
+    return job if job and re.fullmatch(r"[0-9_]+", job) else None
+
+
+def requeue_slurm_job() -> bool:
+    """``scontrol requeue`` this job (it restarts with ``--ckpt_path last``); a failure is warned only."""
+    job = slurm_job_id()
+    if job is None:
+        rank_zero_warn("mlm_adapt: requeue signal outside a Slurm job; not requeued")
+        return False
+    try:
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        rank_zero_warn(f"mlm_adapt: scontrol requeue {job} failed ({exc}); resubmit with --ckpt_path last")
+        return False
+    if result.returncode != 0:
+        rank_zero_warn(
+            f"mlm_adapt: scontrol requeue {job} failed ({result.stderr.strip() or result.returncode}); "
+            "resubmit with --ckpt_path last"
+        )
+        return False
+    rank_zero_info(f"mlm_adapt: requeued Slurm job {job}; it continues from the checkpoint")
+    return True
