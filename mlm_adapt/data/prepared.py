@@ -9,6 +9,16 @@ complete, and the intermediate caches (about 8x the corpus) go with the staging 
 
 ``fit``/``validate``/``preview`` with ``data.prepared_dir`` memory-map the shards (``Dataset.from_file``):
 no rank segments or tokenizes anything and the raw corpus is not read.
+
+Split across tasks (``prepare --shard i/N``, a Slurm array: ``scripts/slurm/prepare.sbatch``): every task
+loads the documents as a one-process prepare does (same held-out split, same mixing), keeps its contiguous
+share of every split and writes it as ``DIR/part-0000i-of-0000N``, a complete prepared directory of its own
+published by the same rename (its manifest is the completion marker: a rerun skips a finished part and
+redoes an unfinished one). ``data.prepared_dir DIR`` then reads the N parts in order. The shares are cut at
+multiples of :data:`ALIGN` documents, where packing restarts anyway, so with one process per task (and in
+the one-process prepare compared with) the parts hold exactly the blocks, in the same order, of a
+one-process prepare, whatever N. With ``preprocessing_num_workers`` > 1 the documents and tokens are the
+same but block boundaries can move at worker boundaries, as they do between 1 and k workers.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from mlm_adapt.data.prepared_manifest import (
     setting_conflicts,
     write_manifest,
 )
+from mlm_adapt.data.preprocess import BLOCK_FEATURES
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
 
@@ -47,6 +58,10 @@ SHARD_BASE = 192
 # Fewer, larger shards for small corpora: a shard holds at least this many blocks.
 MIN_BLOCKS_PER_SHARD = 4096
 WRITE_BATCH = 8192
+# Documents per ``datasets.map`` batch (its default batch_size): packing restarts at every batch, so shares
+# cut at multiples of it pack into the same blocks as the whole corpus.
+ALIGN = 1000
+_PART_NAME = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 _SHARD_NAME = re.compile(r"^[A-Za-z0-9_]+-\d{5}-of-\d{5}\.arrow$")
 
 
@@ -99,6 +114,66 @@ def _write_split(split: str, blocks: datasets.Dataset, staging: Path, schema: pa
     return shards
 
 
+def parse_shard(value: str) -> tuple[int, int]:
+    """``"i/N"`` (0 <= i < N) as ``(i, N)``; anything else is refused in one line naming ``--shard``."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", value or "")
+    index, count = (int(match.group(1)), int(match.group(2))) if match else (-1, 0)
+    if not match or not 0 <= index < count or count > 99999:
+        raise MLMAdaptError(
+            f"--shard {value!r}: give TASK/TASKS with 0 <= TASK < TASKS, e.g. --shard 0/4 "
+            "(a Slurm array task: $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)"
+        )
+    return index, count
+
+
+def part_name(index: int, count: int) -> str:
+    """The directory of task ``index`` of ``count`` inside a prepared directory."""
+    return f"part-{index:05d}-of-{count:05d}"
+
+
+def share(length: int, index: int, count: int) -> range:
+    """Task ``index``'s contiguous share of ``length`` documents, cut at multiples of :data:`ALIGN`."""
+    chunks = -(-length // ALIGN)
+    start, end = chunks * index // count, chunks * (index + 1) // count
+    return range(min(start * ALIGN, length), min(end * ALIGN, length))
+
+
+def _parts(directory: Path) -> dict[int, tuple[int, Path]]:
+    """The part directories in ``directory``: index -> (count, path)."""
+    found = {}
+    for child in directory.iterdir() if directory.is_dir() else ():
+        match = _PART_NAME.match(child.name)
+        if match and child.is_dir() and not child.is_symlink():
+            found[int(match.group(1))] = (int(match.group(2)), child)
+    return found
+
+
+def _check_parts_home(target: Path, count: int) -> None:
+    """Refuses a directory of one whole prepare, or of parts of another task count, as a part's home."""
+    if target.is_symlink():
+        raise MLMAdaptError(f"data.prepared_dir: {target} is a symbolic link; give the real directory")
+    if (target / "manifest.json").exists():
+        raise MLMAdaptError(
+            f"data.prepared_dir: {target} holds a complete one-process prepare; --shard writes parts into a "
+            "new directory"
+        )
+    counts = {n for n, _ in _parts(target).values()}
+    if counts - {count}:
+        raise MLMAdaptError(
+            f"data.prepared_dir: {target} holds parts of a {min(counts - {count})}-task prepare, not "
+            f"{count}; use the same number of tasks or a new directory"
+        )
+    others = [
+        c.name
+        for c in (target.iterdir() if target.is_dir() else ())
+        if not _PART_NAME.match(c.name) and not c.name.startswith(".")
+    ]
+    if others:
+        raise MLMAdaptError(
+            f"data.prepared_dir: {target} holds {others[0]!r}, which no prepare wrote; choose a new directory"
+        )
+
+
 @contextlib.contextmanager
 def _exclusive(target: Path) -> Iterator[None]:
     """Refuses a second ``prepare`` of the same directory while one runs (a lock file beside it)."""
@@ -137,7 +212,9 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def prepare_corpus(datamodule: Any, directory: str | Path, progress: Progress) -> dict:
+def prepare_corpus(
+    datamodule: Any, directory: str | Path, progress: Progress, shard: tuple[int, int] | None = None
+) -> dict:
     """Writes every split of an ``MLMDataModule`` as shards and a manifest into ``directory``.
 
     Runs the DataModule's own loading and preprocessing (``preprocessing_num_workers`` processes) with
@@ -149,14 +226,21 @@ def prepare_corpus(datamodule: Any, directory: str | Path, progress: Progress) -
         datamodule: The ``MLMDataModule`` (its ``cache_dir`` is redirected into the staging directory).
         directory: The prepared directory to create (must not exist, or be empty).
         progress: Bars or phase lines.
+        shard: ``(i, N)``: write only task i's share, as ``directory/part-i-of-N`` (see the module
+            docstring); a finished part of the same settings is kept (``manifest["skipped"]``).
 
     Returns:
-        The manifest.
+        The manifest (of the part, with ``shard``).
     """
     hp = datamodule.hparams
     if hp.streaming:
         raise MLMAdaptError("data.streaming: prepare writes the whole corpus; set data.streaming=false")
     target = Path(directory).absolute()
+    if shard is not None:
+        _check_parts_home(target, shard[1])
+        target = target / part_name(*shard)
+        if (target / "manifest.json").is_file():
+            return _finished_part(datamodule, target, progress)
     target.parent.mkdir(parents=True, exist_ok=True)
     _check_target(target)
     staging = target.parent / f".{target.name}.staging"
@@ -169,7 +253,7 @@ def prepare_corpus(datamodule: Any, directory: str | Path, progress: Progress) -
         hp.cache_dir = str(cache)  # every intermediate file of ``datasets`` lands inside staging
         started = time.perf_counter()
         try:
-            manifest = _build(datamodule, staging, progress)
+            manifest = _build(datamodule, staging, progress, shard)
             with progress.phase("removing intermediate caches"):
                 _remove(cache)
             manifest["prepare_seconds"] = round(time.perf_counter() - started, 1)
@@ -184,14 +268,34 @@ def prepare_corpus(datamodule: Any, directory: str | Path, progress: Progress) -
     return manifest
 
 
-def _build(datamodule: Any, staging: Path, progress: Progress) -> dict:
+def _finished_part(datamodule: Any, part: Path, progress: Progress) -> dict:
+    """A part an earlier run of this task published: kept when its settings are this run's."""
+    manifest = read_manifest(part)
+    hp = datamodule.hparams
+    settings = prepared_settings(hp, datamodule.tokenizer, datamodule.validation_sets.names)
+    conflicts = setting_conflicts(manifest.get("settings") or {}, settings)
+    if conflicts:
+        raise MLMAdaptError(
+            f"data.prepared_dir: {part} was prepared with other settings: {'; '.join(conflicts)}; set them "
+            "back or prepare into a new directory"
+        )
+    progress.log(f"{part} is complete (an earlier run of this task); kept")
+    return {**manifest, "skipped": True}
+
+
+def _build(datamodule: Any, staging: Path, progress: Progress, shard: tuple[int, int] | None = None) -> dict:
     hp = datamodule.hparams
     tokenizer = datamodule.tokenizer
     with progress.phase("loading documents"):
         raw = datamodule._load_raw()
+        if shard is not None:
+            raw = datasets.DatasetDict({k: d.select(share(len(d), *shard)) for k, d in raw.items()})
     processes = hp.preprocessing_num_workers or 1
     with progress.phase(f"segmenting, tokenizing and packing ({processes} process{'es' * (processes > 1)})"):
-        blocks = datamodule._preprocess(raw)
+        blocks = datamodule._preprocess(datasets.DatasetDict({k: d for k, d in raw.items() if len(d)}))
+    # A task's share of a small split can be empty (datasets cannot map an empty dataset).
+    empty = datasets.Dataset.from_dict({"input_ids": [], "word_ids": []}, features=BLOCK_FEATURES)
+    blocks = datasets.DatasetDict({split: blocks[split] if split in blocks else empty for split in raw})
     schema = block_schema(len(tokenizer), hp.max_seq_length)
     splits = {}
     for split, dataset in blocks.items():
@@ -213,6 +317,7 @@ def _build(datamodule: Any, staging: Path, progress: Progress) -> dict:
         "corpus_fingerprint": blocks_fingerprint(blocks["train"]),
         "preprocessing_num_workers": hp.preprocessing_num_workers,
         "splits": splits,
+        **({"part": {"index": shard[0], "count": shard[1]}} if shard else {}),
     }
 
 
@@ -249,8 +354,46 @@ def load_prepared(
         The blocks by split (``train``, ``validation``, ``validation_<name>``, ``test``) and the manifest.
     """
     path = Path(hparams.prepared_dir)
-    manifest = read_manifest(path)
     settings = prepared_settings(hparams, tokenizer, set_names)
+    directories = _part_directories(path)
+    loaded = [_load_one(directory, settings) for directory in directories]
+    if len(loaded) == 1:
+        return loaded[0]
+    splits = {
+        split: datasets.concatenate_datasets([blocks[split] for blocks, _ in loaded])
+        for split in loaded[0][0]
+    }
+    manifest = {**loaded[0][1], "splits": {}}
+    for split in splits:  # the counts of the whole corpus: sums over the parts
+        entries = [m["splits"][split] for _, m in loaded]
+        manifest["splits"][split] = {
+            key: sum(e[key] for e in entries) for key in ("documents", "blocks", "tokens", "characters")
+        }
+        manifest["splits"][split]["shards"] = [s for e in entries for s in e["shards"]]
+    return datasets.DatasetDict(splits), manifest
+
+
+def _part_directories(path: Path) -> list[Path]:
+    """``[path]`` for a one-process prepare; its N part directories in order for a ``--shard`` prepare."""
+    if (path / "manifest.json").exists() or not path.is_dir():
+        return [path]
+    parts = _parts(path)
+    if not parts:
+        return [path]  # read_manifest names what is missing
+    count = max(n for n, _ in parts.values())
+    done = [i for i in range(count) if i in parts and (parts[i][1] / "manifest.json").is_file()]
+    if len(done) < count or {n for n, _ in parts.values()} != {count}:
+        missing = [i for i in range(count) if i not in done]
+        shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
+        raise MLMAdaptError(
+            f"data.prepared_dir: {path} has {len(done)} of {count} parts complete (missing: task {shown}); "
+            "run those tasks of the prepare array (a finished part is kept) and train when all are done"
+        )
+    return [parts[i][1] for i in range(count)]
+
+
+def _load_one(path: Path, settings: dict) -> tuple[datasets.DatasetDict, dict]:
+    manifest = read_manifest(path)
     conflicts = setting_conflicts(manifest.get("settings") or {}, settings)
     if conflicts:
         raise MLMAdaptError(
