@@ -295,7 +295,7 @@ def _build(datamodule: Any, staging: Path, progress: Progress, shard: tuple[int,
         blocks = datamodule._preprocess(datasets.DatasetDict({k: d for k, d in raw.items() if len(d)}))
     # A task's share of a small split can be empty (datasets cannot map an empty dataset).
     empty = datasets.Dataset.from_dict({"input_ids": [], "word_ids": []}, features=BLOCK_FEATURES)
-    blocks = datasets.DatasetDict({split: blocks[split] if split in blocks else empty for split in raw})
+    blocks = datasets.DatasetDict({split: blocks.get(split, empty) for split in raw})
     schema = block_schema(len(tokenizer), hp.max_seq_length)
     splits = {}
     for split, dataset in blocks.items():
