@@ -47,18 +47,15 @@ def prepare_main(args: list[str]) -> None:
     manifest = prepare_corpus(datamodule, directory, Progress("prepare", bars), shard)
     if manifest.get("skipped"):
         return
+    written, then = directory, f"train with --data.prepared_dir {directory}"
     if shard is not None:
-        directory = str(Path(directory) / part_name(*shard))
+        written = str(Path(directory) / part_name(*shard))
+        then += f" once all {shard[1]} parts exist" if shard[1] > 1 else ""
     train = manifest["splits"]["train"]
     size = sum(s["bytes"] for split in manifest["splits"].values() for s in split["shards"])
     rank_zero_info(
-        f"mlm_adapt prepare: wrote {directory} in {manifest['prepare_seconds']} s: "
+        f"mlm_adapt prepare: wrote {written} in {manifest['prepare_seconds']} s: "
         f"{train['documents']:,} documents, {train['characters']:,} characters, {train['blocks']:,} "
         f"training blocks ({train['tokens']:,} tokens) in {len(train['shards'])} shards, "
-        f"{size / 2**20:,.1f} MiB; "
-        + (
-            f"train with --data.prepared_dir {config.data.prepared_dir} once all {shard[1]} parts exist"
-            if shard
-            else f"train with --data.prepared_dir {directory}"
-        )
+        f"{size / 2**20:,.1f} MiB; {then}"
     )
