@@ -69,3 +69,35 @@ def test_fsdp_config_shards_bert_layers(tiny_model_dir, corpus_file, monkeypatch
     assert isinstance(strategy, FSDPStrategy)
     assert strategy.kwargs["auto_wrap_policy"]._module_classes == {BertLayer}
     assert strategy._state_dict_type == "full"
+
+
+@pytest.mark.parametrize("config", ["domain.yaml", "demo.yaml"])
+def test_one_root_moves_every_file_of_a_run(tiny_model_dir, corpus_file, tmp_path, config):
+    """--trainer.default_root_dir (a Slurm job's ROOT) moves the loggers, their checkpoints and the export."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    from mlm_adapt.cli.fit import MLMAdaptCLI
+    from mlm_adapt.export import HFExport
+
+    root = tmp_path / "job-42"
+    cli = MLMAdaptCLI(
+        args=[
+            "--config",
+            str(REPO / "configs" / config),
+            f"--model.model_name_or_path={tiny_model_dir}",
+            "--model.max_seq_length=64",
+            f"--data.train_files=[{corpus_file}]",
+            "--data.validation_files=null",
+            "--downstream.tasks=[]",
+            "--trainer.accelerator=cpu",
+            "--trainer.precision=32-true",
+            f"--trainer.default_root_dir={root}",
+            "--export.output_dir=null",
+        ],
+        run=False,
+    )
+    loggers = [lg for lg in cli.trainer.loggers if isinstance(lg, (CSVLogger, TensorBoardLogger))]
+    assert loggers and all(Path(lg.save_dir) == root for lg in loggers)
+    assert Path(cli.trainer.log_dir).is_relative_to(root)  # where ModelCheckpoint writes without dirpath
+    export = next(c for c in cli.trainer.callbacks if isinstance(c, HFExport))
+    assert export.output_dir is None  # so setup() puts it at <root>/export
