@@ -1,7 +1,8 @@
 """A real two-node Slurm cluster for the ``cluster`` tests, and what they need to submit and watch jobs.
 
 The cluster is ``scripts/slurm/local_cluster.sh`` (munge, ``slurmctld``, ``slurmd -N n1`` and ``-N n2`` on
-127.0.0.1), started once per session in a temporary directory and stopped by pid at the end. Jobs run the
+127.0.0.1), started once per test module in a temporary directory and stopped by pid at its end (one cluster
+at a time: they share the ports). Jobs run the
 project's own ``scripts/slurm/*.sbatch`` with the CPU overrides their headers document.
 """
 

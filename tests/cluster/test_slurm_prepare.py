@@ -14,7 +14,7 @@ from mlm_adapt.data.prepared import ALIGN, part_name
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # stopped at the module's end: the next module starts its own
 def slurm_cluster(tmp_path_factory):
     yield from local_cluster(tmp_path_factory)
 

@@ -33,7 +33,7 @@ from slurm_jobs import (
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # stopped at the module's end: the next module starts its own
 def slurm_cluster(tmp_path_factory):
     yield from local_cluster(tmp_path_factory)
 
