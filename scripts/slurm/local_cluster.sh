@@ -109,6 +109,8 @@ NodeName=n[1-2] NodeAddr=127.0.0.1 Port=17001-17002 CPUs=$cpus RealMemory=$memor
 PartitionName=local Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 EOF
 
+# A start that fails half-way (a port taken, a daemon that exits) stops what it had started.
+trap 'echo "local_cluster: start failed; stopping what it started (logs in $dir/log)" >&2; stop_cluster' ERR
 munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.socket" \
     --pid-file="$dir/munge/munged.pid" --log-file="$dir/log/munged.log" --seed-file="$dir/munge/seed"
 cp "$dir/munge/munged.pid" "$pids/munged.pid"

@@ -121,6 +121,8 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
     started = subprocess.run(
         ["bash", str(LOCAL_CLUSTER), "start", str(directory)], capture_output=True, text=True, timeout=120
     )
+    if started.returncode != 0:  # the script stops what it started; this catches what it could not
+        subprocess.run(["bash", str(LOCAL_CLUSTER), "stop", str(directory)], timeout=120, check=False)
     assert started.returncode == 0, started.stdout + started.stderr
     env = {
         **os.environ,
