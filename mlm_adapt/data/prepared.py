@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import inspect
 import os
 import re
 import shutil
@@ -58,9 +59,9 @@ SHARD_BASE = 192
 # Fewer, larger shards for small corpora: a shard holds at least this many blocks.
 MIN_BLOCKS_PER_SHARD = 4096
 WRITE_BATCH = 8192
-# Documents per ``datasets.map`` batch (its default batch_size): packing restarts at every batch, so shares
-# cut at multiples of it pack into the same blocks as the whole corpus.
-ALIGN = 1000
+# Documents per ``datasets.map`` batch (its default batch_size, which to_blocks uses): packing restarts at
+# every batch, so shares cut at multiples of it pack into the same blocks as the whole corpus.
+ALIGN = inspect.signature(datasets.Dataset.map).parameters["batch_size"].default
 _PART_NAME = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 _SHARD_NAME = re.compile(r"^[A-Za-z0-9_]+-\d{5}-of-\d{5}\.arrow$")
 
@@ -270,15 +271,8 @@ def prepare_corpus(
 
 def _finished_part(datamodule: Any, part: Path, progress: Progress) -> dict:
     """A part an earlier run of this task published: kept when its settings are this run's."""
-    manifest = read_manifest(part)
-    hp = datamodule.hparams
-    settings = prepared_settings(hp, datamodule.tokenizer, datamodule.validation_sets.names)
-    conflicts = setting_conflicts(manifest.get("settings") or {}, settings)
-    if conflicts:
-        raise MLMAdaptError(
-            f"data.prepared_dir: {part} was prepared with other settings: {'; '.join(conflicts)}; set them "
-            "back or prepare into a new directory"
-        )
+    settings = prepared_settings(datamodule.hparams, datamodule.tokenizer, datamodule.validation_sets.names)
+    manifest = _checked_manifest(part, settings)
     progress.log(f"{part} is complete (an earlier run of this task); kept")
     return {**manifest, "skipped": True}
 
@@ -392,7 +386,8 @@ def _part_directories(path: Path) -> list[Path]:
     return [parts[i][1] for i in range(count)]
 
 
-def _load_one(path: Path, settings: dict) -> tuple[datasets.DatasetDict, dict]:
+def _checked_manifest(path: Path, settings: dict) -> dict:
+    """The manifest of a prepared directory (or part) whose settings are ``settings``, else refused."""
     manifest = read_manifest(path)
     conflicts = setting_conflicts(manifest.get("settings") or {}, settings)
     if conflicts:
@@ -400,6 +395,11 @@ def _load_one(path: Path, settings: dict) -> tuple[datasets.DatasetDict, dict]:
             f"data.prepared_dir: {path} was prepared with other settings: {'; '.join(conflicts)}; set them "
             "back or run prepare again into a new directory"
         )
+    return manifest
+
+
+def _load_one(path: Path, settings: dict) -> tuple[datasets.DatasetDict, dict]:
+    manifest = _checked_manifest(path, settings)
     splits = {}
     for split, entry in (manifest.get("splits") or {}).items():
         parts = [_open_shard(path, shard) for shard in entry.get("shards") or []]

@@ -143,7 +143,7 @@ class HFExport(ExportOptions, L.Callback):
         self.corpus_stats = dict(getattr(trainer.datamodule, "corpus_stats", None) or {})
         if not self.enabled:
             return
-        self.export_dir = Path(self.output_dir or Path(trainer.default_root_dir) / DEFAULT_DIRNAME)
+        self.export_dir = self.resolved_output_dir(trainer)
         # Fail before training rather than after it.
         for callback in trainer.checkpoint_callbacks:
             if getattr(callback, "monitor", None) == self.monitor and callback.mode != self.mode:
@@ -165,6 +165,10 @@ class HFExport(ExportOptions, L.Callback):
             check_output(self._output)
             if self.push_to_hub:
                 check_hub_access(self.repo_id, key="export.repo_id")
+
+    def resolved_output_dir(self, trainer: L.Trainer) -> Path:
+        """Where the export goes: ``output_dir``, else ``export`` in the run root (``default_root_dir``)."""
+        return Path(self.output_dir or Path(trainer.default_root_dir) / DEFAULT_DIRNAME)
 
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -203,7 +203,7 @@ def versioned_logger_args(logger_config: Any) -> list[Any]:
 
 
 def root_loggers(trainer_config: Any) -> None:
-    """Loggers whose ``save_dir`` is :data:`RUN_ROOT` (or unset) write under ``trainer.default_root_dir``.
+    """Loggers whose ``save_dir`` is :data:`RUN_ROOT` write under ``trainer.default_root_dir``.
 
     The shipped configs say ``save_dir: ${trainer.default_root_dir}``, so one ``--trainer.default_root_dir``
     (a Slurm job's ``ROOT``) moves the whole run: logs, the checkpoints in the loggers' versions and the
@@ -215,7 +215,7 @@ def root_loggers(trainer_config: Any) -> None:
     root = str(trainer_config.default_root_dir or ".")
     for entry in _entries(trainer_config.logger):
         init_args = getattr(entry, "init_args", None)
-        if init_args is not None and "save_dir" in init_args and init_args.save_dir in (None, RUN_ROOT):
+        if init_args is not None and init_args.get("save_dir") == RUN_ROOT:
             init_args.save_dir = root
 
 

@@ -100,4 +100,4 @@ def test_one_root_moves_every_file_of_a_run(tiny_model_dir, corpus_file, tmp_pat
     assert loggers and all(Path(lg.save_dir) == root for lg in loggers)
     assert Path(cli.trainer.log_dir).is_relative_to(root)  # where ModelCheckpoint writes without dirpath
     export = next(c for c in cli.trainer.callbacks if isinstance(c, HFExport))
-    assert export.output_dir is None  # so setup() puts it at <root>/export
+    assert export.resolved_output_dir(cli.trainer) == root / "export"
