@@ -1,7 +1,11 @@
 """The ``datasets`` pipeline from documents to blocks, shared by in-memory and streaming corpora.
 
-Both ``datasets.Dataset`` (cached by fingerprint) and ``datasets.IterableDataset`` (lazy) run the same two
-batched ``map`` steps: segment + tokenize with word ids, then pack into blocks.
+One batched ``map`` step does it all: segment, tokenize with word ids, pack into blocks. Per batch of
+documents it works on flat arrays (:func:`~mlm_adapt.text.tokens.tokenize_flat`,
+:func:`~mlm_adapt.text.blocks.pack_blocks`) and, for in-memory datasets, hands ``datasets`` an Arrow table
+built from them: no Python list per token, document or block on the way in or out, and one process pool per
+split instead of one per step. Packing restarts at each ``map`` batch (``datasets``' default of 1,000
+documents), which is what ``prepare --shard`` aligns its shares to.
 """
 
 from __future__ import annotations
@@ -9,11 +13,13 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import datasets
+import numpy as np
+import pyarrow as pa
 from lightning.pytorch.utilities import rank_zero_warn
 from transformers import PreTrainedTokenizerBase
 
-from mlm_adapt.text.blocks import build_blocks
-from mlm_adapt.text.tokens import TOKENIZATION_VERSION, tokenize_with_word_ids
+from mlm_adapt.text.blocks import PackedBlocks, pack_blocks
+from mlm_adapt.text.tokens import TOKENIZATION_VERSION, tokenize_flat
 from mlm_adapt.text.vocabulary import block_special_ids
 from mlm_adapt.text.word_segmenter import WordSegmenter
 
@@ -34,15 +40,46 @@ def drop_empty(dataset: datasets.Dataset, name: str) -> datasets.Dataset:
     return dataset.filter(is_non_empty, batched=True, desc=f"Dropping empty lines ({name})")
 
 
-def _tokenize_batch(
-    batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, segmenter: WordSegmenter, version: int = 0
-) -> dict:
+def blocks_table(packed: PackedBlocks) -> pa.Table:
+    """Blocks as an Arrow table of ``BLOCK_FEATURES`` (``int32`` list columns straight from the arrays)."""
+    offsets = pa.array(packed.offsets.astype(np.int32))
+    columns = [
+        pa.ListArray.from_arrays(offsets, pa.array(values.astype(np.int32)))
+        for values in (packed.ids, packed.word_ids)
+    ]
+    return pa.Table.from_arrays(columns, schema=BLOCK_FEATURES.arrow_schema)
+
+
+def documents_to_blocks(
+    texts: list[str],
+    tokenizer: PreTrainedTokenizerBase,
+    segmenter: WordSegmenter,
+    max_seq_length: int,
+    packing: bool,
+    document_delimiters: bool = False,
+) -> PackedBlocks:
+    """Segments, tokenizes and packs one batch of documents (the whole ``map`` step, usable alone)."""
+    start_id, end_id = block_special_ids(tokenizer)
+    tokens = tokenize_flat(texts, tokenizer, segmenter)
+    return pack_blocks(
+        tokens.ids,
+        tokens.units,
+        tokens.counts,
+        max_seq_length,
+        start_id,
+        end_id,
+        packing,
+        document_delimiters,
+    )
+
+
+def _blocks_arrow(batch: pa.Table, version: int = 0, **kwargs: Any) -> pa.Table:
     # ``version`` is unused here: it only enters datasets' cache fingerprint (TOKENIZATION_VERSION).
-    return tokenize_with_word_ids(batch["text"], tokenizer, segmenter)
+    return blocks_table(documents_to_blocks(batch.column("text").to_pylist(), **kwargs))
 
 
-def _blocks_batch(batch: dict[str, list], **kwargs: Any) -> dict:
-    return build_blocks(batch["input_ids"], batch["word_ids"], **kwargs)
+def _blocks_lists(batch: dict[str, list], version: int = 0, **kwargs: Any) -> dict[str, list[list[int]]]:
+    return documents_to_blocks(batch["text"], **kwargs).to_lists()
 
 
 def to_blocks(
@@ -65,34 +102,27 @@ def to_blocks(
         document_delimiters: Packed documents each get their own ``[CLS] ... [SEP]`` (document attention).
         map_kwargs: Extra ``map`` arguments for in-memory datasets (``num_proc``).
     """
-    in_memory = not isinstance(documents, datasets.IterableDataset)
-    start_id, end_id = block_special_ids(tokenizer)
-    tokenized = documents.map(
-        _tokenize_batch,
-        fn_kwargs={"tokenizer": tokenizer, "segmenter": segmenter, "version": TOKENIZATION_VERSION},
+    fn_kwargs = {
+        "tokenizer": tokenizer,
+        "segmenter": segmenter,
+        "version": TOKENIZATION_VERSION,
+        "max_seq_length": max_seq_length,
+        "packing": packing,
+        "document_delimiters": document_delimiters and packing,
+    }
+    if isinstance(documents, datasets.IterableDataset):
+        return documents.map(_blocks_lists, fn_kwargs=fn_kwargs, batched=True, remove_columns=["text"])
+    # Arrow in, Arrow out: the batch's text column is read once and the blocks never become Python lists.
+    blocks = documents.with_format("arrow").map(
+        _blocks_arrow,
+        fn_kwargs=fn_kwargs,
         batched=True,
         remove_columns=["text"],
-        **({"desc": "Segmenting and tokenizing", **map_kwargs} if in_memory else {}),
-    )
-    return tokenized.map(
-        _blocks_batch,
-        fn_kwargs={
-            "max_seq_length": max_seq_length,
-            "cls_token_id": start_id,
-            "sep_token_id": end_id,
-            "packing": packing,
-            # Only when set: the cache fingerprint of the default blocks stays what it was.
-            **({"document_delimiters": True} if document_delimiters and packing else {}),
-        },
-        batched=True,
-        remove_columns=["input_ids", "word_ids"],
         features=BLOCK_FEATURES,
-        **(
-            {"desc": "Packing blocks" if packing else "Splitting long lines", **map_kwargs}
-            if in_memory
-            else {}
-        ),
+        desc="Segmenting, tokenizing and packing" if packing else "Segmenting, tokenizing and splitting",
+        **map_kwargs,
     )
+    return blocks.with_format(None)
 
 
 def mix_documents(

@@ -72,21 +72,42 @@ def align_words(
         ``{"input_ids": [...], "word_ids": [...]}``, one list per text, no special tokens; ``input_ids``
         equal ``tokenizer(text, add_special_tokens=False)["input_ids"]``.
     """
+    aligned = align_words_flat(texts, words, tokenizer)
+    # Per-text ids starting at 0 (units increase along a text, so the first token has the smallest).
+    unit = aligned.units - np.repeat(_text_base(aligned.units, aligned.counts), aligned.counts)
+    bounds = np.concatenate(([0], np.cumsum(aligned.counts))).tolist()
+    all_ids, all_units = aligned.ids.tolist(), unit.tolist()
+    pairs = list(itertools.pairwise(bounds))
+    return {
+        "input_ids": [all_ids[b:e] for b, e in pairs],
+        "word_ids": [all_units[b:e] for b, e in pairs],
+    }
+
+
+@dataclass
+class AlignedTokens:
+    """Tokens of a batch of texts, flat, each with its unit (merged word) id.
+
+    Unit ids are numbered over the whole batch: they increase along the concatenation of the texts, so no
+    two texts share one and a block cut from several texts never needs renumbering to keep them apart.
+    """
+
+    ids: np.ndarray
+    units: np.ndarray
+    counts: np.ndarray  # tokens per text
+
+
+def align_words_flat(
+    texts: Sequence[str], words: Sequence[Sequence[str]], tokenizer: PreTrainedTokenizerBase
+) -> AlignedTokens:
+    """:func:`align_words` without per-text lists: flat arrays for the packer (no Python ints per token)."""
     texts = list(texts)
     lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     text_start = np.cumsum(lengths) - lengths
     spans = token_spans(texts, tokenizer)
     joined = "".join(texts)
     unit = _token_units(spans, _char_words(joined, lengths, words), lengths, text_start)
-    # Per-text ids starting at 0 (units increase along a text, so the first token has the smallest).
-    unit -= np.repeat(_text_base(unit, spans.counts), spans.counts)
-    bounds = np.concatenate(([0], np.cumsum(spans.counts))).tolist()
-    all_ids, all_units = spans.ids.tolist(), unit.tolist()
-    pairs = list(itertools.pairwise(bounds))
-    return {
-        "input_ids": [all_ids[b:e] for b, e in pairs],
-        "word_ids": [all_units[b:e] for b, e in pairs],
-    }
+    return AlignedTokens(spans.ids, unit, spans.counts)
 
 
 def _text_base(unit: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -5,40 +5,179 @@ between two blocks and never half-masked. Only a single word longer than a whole
 number) is cut, and each part is then masked as a word of its own. Inside one block the word ids are
 compact (``0 .. n_words-1``, increasing along the block), so the collator can count word lengths with one
 ``scatter_add`` and needs no per-token Python.
+
+Packing works on a whole batch at once with array operations (:func:`pack_blocks`): tokens and their unit
+ids come in flat (as :func:`mlm_adapt.text.alignment.align_words_flat` gives them), blocks go out flat with
+their offsets, ready to become Arrow list columns without a Python list per block. Only the choice of each
+block's end is a loop, one step per block of a stream longer than a block.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from mlm_adapt.text.tokens import SPECIAL_WORD_ID
 
 
-def _block_ends(word_ids: np.ndarray, capacity: int) -> list[int]:
-    """End offsets of consecutive blocks of at most ``capacity`` tokens, cut at word boundaries."""
-    n = len(word_ids)
-    # A cut at position p is clean when token p starts a new word (or is a separator).
-    clean = np.flatnonzero((word_ids[1:] != word_ids[:-1]) | (word_ids[1:] == SPECIAL_WORD_ID)) + 1
-    ends, start = [], 0
-    while n - start > capacity:
-        limit = start + capacity
-        i = np.searchsorted(clean, limit, side="right") - 1
-        end = int(clean[i]) if i >= 0 and clean[i] > start else limit  # a word longer than a block is cut
-        ends.append(end)
-        start = end
-    ends.append(n)
-    return ends
+@dataclass
+class PackedBlocks:
+    """Blocks of a batch, flat: block ``b`` is ``ids[offsets[b]:offsets[b + 1]]`` (specials included)."""
+
+    ids: np.ndarray
+    word_ids: np.ndarray
+    offsets: np.ndarray
+
+    def to_lists(self) -> dict[str, list[list[int]]]:
+        """``{"input_ids": [...], "word_ids": [...]}``, one Python list per block."""
+        bounds = self.offsets.tolist()
+        ids, wids = self.ids.tolist(), self.word_ids.tolist()
+        pairs = list(zip(bounds[:-1], bounds[1:], strict=True))
+        return {"input_ids": [ids[b:e] for b, e in pairs], "word_ids": [wids[b:e] for b, e in pairs]}
 
 
-def _compact(word_ids: np.ndarray) -> np.ndarray:
-    """Renumbers non-negative ids to 0..k-1 in order of appearance (ids are increasing along a stream)."""
-    out = np.full(len(word_ids), SPECIAL_WORD_ID, dtype=np.int64)
-    words = word_ids >= 0
-    if words.any():
-        _, out[words] = np.unique(word_ids[words], return_inverse=True)
+def _block_bounds(
+    word_ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, capacity: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end offsets of the blocks of each stream ``[starts[i], ends[i])``, cut at word boundaries.
+
+    Greedy, as a reader would cut: each block ends at the last clean position that leaves it at most
+    ``capacity`` tokens; only a word longer than a whole block is cut inside.
+    """
+    short = ends - starts <= capacity
+    block_starts, block_ends = [starts[short]], [ends[short]]
+    long_streams = np.flatnonzero(~short)
+    if len(long_streams):
+        # A cut at position p is clean when token p starts a new word (or is a separator).
+        clean = np.flatnonzero((word_ids[1:] != word_ids[:-1]) | (word_ids[1:] == SPECIAL_WORD_ID)) + 1
+        cut_starts, cut_ends = [], []
+        for stream in long_streams.tolist():
+            start, end = int(starts[stream]), int(ends[stream])
+            while end - start > capacity:
+                limit = start + capacity
+                i = int(np.searchsorted(clean, limit, side="right")) - 1
+                cut = int(clean[i]) if i >= 0 and clean[i] > start else limit  # a word longer than a block
+                cut_starts.append(start)
+                cut_ends.append(cut)
+                start = cut
+            cut_starts.append(start)
+            cut_ends.append(end)
+        block_starts.append(np.asarray(cut_starts, dtype=np.int64))
+        block_ends.append(np.asarray(cut_ends, dtype=np.int64))
+    lo, hi = np.concatenate(block_starts), np.concatenate(block_ends)
+    order = np.argsort(lo, kind="stable")  # blocks in stream order
+    return lo[order], hi[order]
+
+
+def _compact_per_block(words: np.ndarray, block_of: np.ndarray) -> np.ndarray:
+    """Word ids renumbered ``0..k-1`` inside each block (``-1`` kept), in increasing order of the old ids."""
+    is_word = words >= 0
+    w, b = words[is_word], block_of[is_word]
+    if len(w) > 1 and np.any((np.diff(w) < 0) & (b[1:] == b[:-1])):
+        # Ids not increasing inside a block: rank them by sorting within each block.
+        order = np.lexsort((w, b))
+        ws, bs = w[order], b[order]
+        new = np.ones(len(ws), dtype=bool)
+        new[1:] = (ws[1:] != ws[:-1]) | (bs[1:] != bs[:-1])
+        ranks = np.cumsum(new) - 1
+        base = ranks[np.searchsorted(bs, bs, side="left")]
+        compact_w = np.empty(len(w), dtype=np.int64)
+        compact_w[order] = ranks - base
+    else:
+        new = np.ones(len(w), dtype=bool)
+        new[1:] = (w[1:] != w[:-1]) | (b[1:] != b[:-1])
+        count = np.cumsum(new)
+        # The count before each block's first word: subtracted so every block starts at 0.
+        block_first_word = np.ones(len(w), dtype=bool)
+        block_first_word[1:] = b[1:] != b[:-1]
+        compact_w = count - np.maximum.accumulate(np.where(block_first_word, count, 0))
+    out = np.full(len(words), SPECIAL_WORD_ID, dtype=np.int64)
+    out[is_word] = compact_w
     return out
+
+
+def pack_blocks(
+    ids: np.ndarray,
+    units: np.ndarray,
+    counts: np.ndarray,
+    max_seq_length: int,
+    cls_token_id: int,
+    sep_token_id: int,
+    packing: bool,
+    document_delimiters: bool = False,
+) -> PackedBlocks:
+    """Turns a batch of tokenized documents into blocks ``[CLS] ... [SEP]`` of at most ``max_seq_length``.
+
+    Args:
+        ids: Token ids of all documents, concatenated (no special tokens).
+        units: The word (unit) id of each token, distinct between documents and increasing along ``ids``
+            (as :func:`~mlm_adapt.text.alignment.align_words_flat` numbers them).
+        counts: Tokens per document; documents without tokens are skipped.
+        max_seq_length: Block size including ``[CLS]`` and ``[SEP]``.
+        cls_token_id: Id that opens a block (see :func:`mlm_adapt.text.vocabulary.block_special_ids`).
+        sep_token_id: Id that closes a block and separates packed documents.
+        packing: Concatenate documents (``[SEP]`` between them) into full blocks; otherwise each document
+            becomes its own block(s). Either way a document longer than a block continues in the next
+            block: no text is dropped.
+        document_delimiters: With ``packing``, every document gets its own ``[CLS] ... [SEP]``
+            (``[CLS] d1 [SEP] [CLS] d2 [SEP]``), as it would alone: the form document attention needs.
+    """
+    capacity = max_seq_length - 2
+    if capacity < 1:
+        raise ValueError(f"max_seq_length must be at least 3, got {max_seq_length}")
+    ids = np.asarray(ids, dtype=np.int64)
+    units = np.asarray(units, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    present = counts[counts > 0]
+    doc_end = np.cumsum(present)
+    if packing and len(present):
+        separator = np.asarray([sep_token_id, cls_token_id] if document_delimiters else [sep_token_id])
+        k = len(separator)
+        # Every document after the first moves k places right, for the separator in front of it.
+        shift = np.repeat(k * np.arange(len(present)), present)
+        total = len(ids) + k * (len(present) - 1)
+        stream_ids = np.empty(total, dtype=np.int64)
+        stream_words = np.full(total, SPECIAL_WORD_ID, dtype=np.int64)
+        stream_ids[np.arange(len(ids)) + shift] = ids
+        stream_words[np.arange(len(ids)) + shift] = units
+        gaps = (doc_end[:-1] + k * np.arange(len(present) - 1))[:, None] + np.arange(k)
+        stream_ids[gaps] = separator
+        starts, ends = np.zeros(1, dtype=np.int64), np.full(1, total, dtype=np.int64)
+    else:
+        stream_ids, stream_words = ids, units
+        starts, ends = doc_end - present, doc_end
+    lo, hi = _block_bounds(stream_words, starts, ends, capacity)
+    # Document separators at a block edge would double up with the block's [CLS]/[SEP]; drop them.
+    separator_at = np.append(stream_words == SPECIAL_WORD_ID, False)
+    while True:
+        step = (lo < hi) & separator_at[lo]
+        if not step.any():
+            break
+        lo = lo + step
+    while True:
+        step = (hi > lo) & separator_at[np.maximum(hi - 1, 0)]
+        if not step.any():
+            break
+        hi = hi - step
+    kept = hi > lo
+    lo, hi = lo[kept], hi[kept]
+    inner = hi - lo
+    n_blocks, n_inner = len(inner), int(inner.sum())
+    offsets = np.zeros(n_blocks + 1, dtype=np.int64)
+    np.cumsum(inner + 2, out=offsets[1:])
+    inner_start = np.cumsum(inner) - inner
+    block_of = np.repeat(np.arange(n_blocks), inner)
+    source = np.arange(n_inner) + np.repeat(lo - inner_start, inner)
+    target = np.arange(n_inner) + 2 * block_of + 1
+    out_ids = np.empty(offsets[-1], dtype=np.int64)
+    out_words = np.full(offsets[-1], SPECIAL_WORD_ID, dtype=np.int64)
+    out_ids[offsets[:-1]] = cls_token_id
+    out_ids[offsets[1:] - 1] = sep_token_id
+    out_ids[target] = stream_ids[source]
+    out_words[target] = _compact_per_block(stream_words[source], block_of)
+    return PackedBlocks(out_ids, out_words, offsets)
 
 
 def build_blocks(
@@ -50,65 +189,33 @@ def build_blocks(
     packing: bool,
     document_delimiters: bool = False,
 ) -> dict[str, list[list[int]]]:
-    """Turns tokenized documents into model inputs ``[CLS] ... [SEP]`` of at most ``max_seq_length``.
+    """:func:`pack_blocks` for per-document lists, as :func:`tokenize_with_word_ids` gives them.
 
     Args:
         input_ids: Token ids per document (no special tokens).
-        word_ids: Word id per token, as from :func:`tokenize_with_word_ids`.
+        word_ids: Word id per token, as from :func:`tokenize_with_word_ids` (``>= 0``, increasing).
         max_seq_length: Block size including ``[CLS]`` and ``[SEP]``.
         cls_token_id: Id that opens a block: the tokenizer's ``cls`` (``<s>`` for XLM-R), else its ``bos``
             (see :func:`mlm_adapt.text.vocabulary.block_special_ids`).
         sep_token_id: Id that closes a block and separates packed documents: ``sep``, else ``eos``.
-        packing: Concatenate documents (``[SEP]`` between them) into full blocks; otherwise each document
-            becomes its own block(s). Either way a document longer than a block continues in the next
-            block: no text is dropped.
-        document_delimiters: With ``packing``, every document gets its own ``[CLS] ... [SEP]``
-            (``[CLS] d1 [SEP] [CLS] d2 [SEP]``), as it would alone: the form document attention needs.
+        packing: See :func:`pack_blocks`.
+        document_delimiters: See :func:`pack_blocks`.
 
     Returns:
         ``{"input_ids": [...], "word_ids": [...]}`` with compact word ids per block.
     """
-    capacity = max_seq_length - 2
-    if capacity < 1:
-        raise ValueError(f"max_seq_length must be at least 3, got {max_seq_length}")
-    streams: list[tuple[np.ndarray, np.ndarray]] = []
-    separator = [sep_token_id, cls_token_id] if document_delimiters else [sep_token_id]
-    if packing:
-        ids_parts, wid_parts, offset = [], [], 0
-        for ids, wids in zip(input_ids, word_ids, strict=True):
-            if not ids:
-                continue
-            wids = np.asarray(wids, dtype=np.int64)
-            # Offset ids so that words of different documents never share an id.
-            words = np.where(wids >= 0, wids + offset, SPECIAL_WORD_ID)
-            wid_parts += [words, [SPECIAL_WORD_ID] * len(separator)]
-            ids_parts += [ids, separator]
-            offset += int(wids.max()) + 1
-        if ids_parts:
-            # The trailing separator of the last document: the block adds its own [SEP].
-            streams.append((np.concatenate(ids_parts[:-1]), np.concatenate(wid_parts[:-1])))
-    else:
-        streams = [
-            (np.asarray(ids, dtype=np.int64), np.asarray(wids, dtype=np.int64))
-            for ids, wids in zip(input_ids, word_ids, strict=True)
-            if ids
-        ]
-    out_ids: list[list[int]] = []
-    out_wids: list[list[int]] = []
-    for ids, wids in streams:
-        start = 0
-        for end in _block_ends(wids, capacity):
-            block_ids, block_wids = ids[start:end], wids[start:end]
-            start = end
-            # Document delimiters at a block edge would double up with the block's [CLS]/[SEP]; drop them.
-            lo, hi = 0, len(block_ids)
-            while lo < hi and block_wids[lo] == SPECIAL_WORD_ID and block_ids[lo] in separator:
-                lo += 1
-            while hi > lo and block_wids[hi - 1] == SPECIAL_WORD_ID and block_ids[hi - 1] in separator:
-                hi -= 1
-            block_ids, block_wids = block_ids[lo:hi], block_wids[lo:hi]
-            if not len(block_ids):
-                continue
-            out_ids.append([cls_token_id, *block_ids.tolist(), sep_token_id])
-            out_wids.append([SPECIAL_WORD_ID, *_compact(block_wids).tolist(), SPECIAL_WORD_ID])
-    return {"input_ids": out_ids, "word_ids": out_wids}
+    counts = np.fromiter(map(len, input_ids), dtype=np.int64, count=len(input_ids))
+    ids = np.fromiter((t for doc in input_ids for t in doc), dtype=np.int64, count=int(counts.sum()))
+    words = np.fromiter((w for doc in word_ids for w in doc), dtype=np.int64, count=int(counts.sum()))
+    present = counts > 0
+    if present.any():
+        # Offset each document's ids past the previous document's, so no two documents share an id.
+        top = np.full(len(counts), -1, dtype=np.int64)
+        top[present] = np.maximum.reduceat(words, (np.cumsum(counts) - counts)[present])
+        span = top + 1
+        offset = np.cumsum(span) - span
+        words = np.where(words >= 0, words + np.repeat(offset, counts), SPECIAL_WORD_ID)
+    packed = pack_blocks(
+        ids, words, counts, max_seq_length, cls_token_id, sep_token_id, packing, document_delimiters
+    )
+    return packed.to_lists()

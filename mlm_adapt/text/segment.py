@@ -110,8 +110,7 @@ class Segmenter:
             impl = rjieba.Jieba()
             for word, freq, tag in self._entries:
                 impl.add_word(word, freq, tag)
-            hmm = self.hmm
-            return lambda text: impl.cut(text, hmm)
+            return impl.cut
         import jieba  # noqa: PLC0415 (the reference backend: a slow import, only when chosen)
 
         jieba.setLogLevel(logging.WARNING)
@@ -120,18 +119,18 @@ class Segmenter:
         impl.initialize()
         for word, freq, tag in self._entries:
             impl.add_word(word, freq, tag)
-        hmm = self.hmm
-        return lambda text: impl.lcut(text, HMM=hmm)
+        return lambda text, hmm: impl.lcut(text, HMM=hmm)
 
     def __call__(self, text: str) -> list[str]:
         """Returns the words of ``text`` in order; joined they give ``text`` back."""
-        if self._impl is None:
-            self._impl = self._build()
-        return self._impl(text)
+        return self.segment([text])[0]
 
     def segment(self, texts: list[str]) -> list[list[str]]:
         """The words of each text (the :class:`~mlm_adapt.text.word_segmenter.WordSegmenter` protocol)."""
-        return [self(text) for text in texts]
+        if self._impl is None:
+            self._impl = self._build()
+        cut, hmm = self._impl, self.hmm
+        return [cut(text, hmm) for text in texts]
 
     def __repr__(self) -> str:
         return f"Segmenter(backend={self.backend!r}, hmm={self.hmm}, user_dict={self.user_dict!r})"

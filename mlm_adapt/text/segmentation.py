@@ -60,6 +60,14 @@ def plain_settings(segmenter: Any) -> Any:
     return {"class_path": class_path(segmenter), "init_args": args}
 
 
+def _as_list(words: Any) -> list:
+    """A segmenter's words (a sequence or generator) as a list; ``[words]`` when not iterable (refused)."""
+    try:
+        return list(words)
+    except TypeError:
+        return [words]
+
+
 class Segmentation:
     """The configured word segmenter with the join-back check (and optional OpenCC conversion).
 
@@ -180,13 +188,18 @@ class Segmentation:
                 texts[0] if texts else "",
                 "segment(texts) must return one list of words per text",
             )
-        result = []
+        words = [w if isinstance(w, list) else _as_list(w) for w in words]
         for text, converted, text_words in zip(texts, source, words, strict=True):
-            text_words = list(text_words)
-            if not all(isinstance(w, str) for w in text_words) or "".join(text_words) != converted:
+            try:
+                # str.join refuses anything but strings: one C call checks the types and the text.
+                joins_back = "".join(text_words) == converted
+            except TypeError:
+                joins_back = False
+            if not joins_back:
                 raise self._join_back_error(text, converted, text_words)
-            result.append(split_like(text, text_words) if self.converter else text_words)
-        return result
+        if self.converter:
+            return [split_like(text, w) for text, w in zip(texts, words, strict=True)]
+        return words
 
     def _join_back_error(self, text: str, converted: str, words: list) -> MLMAdaptError:
         if all(isinstance(w, str) for w in words) and restore_whitespace(converted, words) is not None:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from mlm_adapt.text.alignment import align_words
+from mlm_adapt.text.alignment import AlignedTokens, align_words, align_words_flat
 from mlm_adapt.text.word_segmenter import WordSegmenter
 
 SPECIAL_WORD_ID = -1
@@ -43,3 +43,11 @@ def tokenize_with_word_ids(
     """
     texts = list(texts)
     return align_words(texts, segmenter.segment(texts), tokenizer)
+
+
+def tokenize_flat(
+    texts: Sequence[str], tokenizer: PreTrainedTokenizerBase, segmenter: WordSegmenter
+) -> AlignedTokens:
+    """:func:`tokenize_with_word_ids` as flat arrays, unit ids numbered over the batch (for packing)."""
+    texts = list(texts)
+    return align_words_flat(texts, segmenter.segment(texts), tokenizer)
