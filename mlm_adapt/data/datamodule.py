@@ -20,7 +20,7 @@ from mlm_adapt.data.collators import check_masking, make_collator, train_collato
 from mlm_adapt.data.loader_state import WorkerCountFreeLoader
 from mlm_adapt.data.mask_rates import MaskRates, Stepping, trainer_stepping
 from mlm_adapt.data.prepared import arrow_sum, describe_stats, load_prepared, prepared_stats
-from mlm_adapt.data.preprocess import drop_empty, mix_documents, to_blocks
+from mlm_adapt.data.preprocess import BLOCK_FEATURES, drop_empty, mix_documents, to_blocks
 from mlm_adapt.data.samplers import KeyedDataset, train_sampler
 from mlm_adapt.data.streaming import StreamingCorpus, load_hub_stream, load_stream
 from mlm_adapt.data.validation_sets import (
@@ -239,7 +239,9 @@ class MLMDataModule(L.LightningDataModule):
             splits["train"] = self._mix_general(splits["train"])
         return datasets.DatasetDict(splits)
 
-    def _preprocess(self, raw: datasets.DatasetDict) -> datasets.DatasetDict:
+    def _preprocess(
+        self, raw: datasets.DatasetDict, features: datasets.Features = BLOCK_FEATURES
+    ) -> datasets.DatasetDict:
         hp = self.hparams
         return to_blocks(
             raw,
@@ -248,6 +250,7 @@ class MLMDataModule(L.LightningDataModule):
             hp.max_seq_length,
             hp.packing,
             document_delimiters=hp.document_attention,
+            features=features,
             num_proc=hp.preprocessing_num_workers,
         )
 

@@ -48,7 +48,6 @@ from mlm_adapt.data.prepared_manifest import (
     setting_conflicts,
     write_manifest,
 )
-from mlm_adapt.data.preprocess import BLOCK_FEATURES
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
 
@@ -83,14 +82,18 @@ def shard_count(blocks: int) -> int:
     return max(fitting, default=1)
 
 
-def block_schema(vocab_size: int, max_seq_length: int) -> pa.Schema:
-    """Narrowest Arrow types for blocks: ``uint16`` ids below 65,536 tokens, ``int16`` word ids."""
+def block_features(vocab_size: int, max_seq_length: int) -> datasets.Features:
+    """Narrowest types for blocks: ``uint16`` ids below 65,536 tokens, ``int16`` word ids."""
     ids = "uint16" if vocab_size <= 2**16 else "int32"
     words = "int16" if max_seq_length < 2**15 else "int32"
-    features = datasets.Features(
+    return datasets.Features(
         {"input_ids": datasets.List(datasets.Value(ids)), "word_ids": datasets.List(datasets.Value(words))}
     )
-    return features.arrow_schema
+
+
+def block_schema(vocab_size: int, max_seq_length: int) -> pa.Schema:
+    """The Arrow schema of :func:`block_features`: what every shard holds."""
+    return block_features(vocab_size, max_seq_length).arrow_schema
 
 
 def _write_shard(blocks: datasets.Dataset, path: Path, schema: pa.Schema) -> int:
@@ -285,12 +288,16 @@ def _build(datamodule: Any, staging: Path, progress: Progress, shard: tuple[int,
         if shard is not None:
             raw = datasets.DatasetDict({k: d.select(share(len(d), *shard)) for k, d in raw.items()})
     processes = hp.preprocessing_num_workers or 1
+    # The shards' narrow types from the start: the map writes half the bytes and the shards need no cast.
+    features = block_features(len(tokenizer), hp.max_seq_length)
     with progress.phase(f"segmenting, tokenizing and packing ({processes} process{'es' * (processes > 1)})"):
-        blocks = datamodule._preprocess(datasets.DatasetDict({k: d for k, d in raw.items() if len(d)}))
+        blocks = datamodule._preprocess(
+            datasets.DatasetDict({k: d for k, d in raw.items() if len(d)}), features
+        )
     # A task's share of a small split can be empty (datasets cannot map an empty dataset).
-    empty = datasets.Dataset.from_dict({"input_ids": [], "word_ids": []}, features=BLOCK_FEATURES)
+    empty = datasets.Dataset.from_dict({"input_ids": [], "word_ids": []}, features=features)
     blocks = datasets.DatasetDict({split: blocks.get(split, empty) for split in raw})
-    schema = block_schema(len(tokenizer), hp.max_seq_length)
+    schema = features.arrow_schema
     splits = {}
     for split, dataset in blocks.items():
         with progress.phase(f"writing {split} shards"):

@@ -40,14 +40,19 @@ def drop_empty(dataset: datasets.Dataset, name: str) -> datasets.Dataset:
     return dataset.filter(is_non_empty, batched=True, desc=f"Dropping empty lines ({name})")
 
 
-def blocks_table(packed: PackedBlocks) -> pa.Table:
-    """Blocks as an Arrow table of ``BLOCK_FEATURES`` (``int32`` list columns straight from the arrays)."""
+def blocks_table(packed: PackedBlocks, features: datasets.Features = BLOCK_FEATURES) -> pa.Table:
+    """Blocks as an Arrow table of ``features`` (list columns straight from the arrays).
+
+    The cast to narrower integer types (``prepare``'s ``uint16``/``int16``) is checked: an id that does not
+    fit raises instead of wrapping around.
+    """
+    schema = features.arrow_schema
     offsets = pa.array(packed.offsets.astype(np.int32))
     columns = [
-        pa.ListArray.from_arrays(offsets, pa.array(values.astype(np.int32)))
-        for values in (packed.ids, packed.word_ids)
+        pa.ListArray.from_arrays(offsets, pa.array(values).cast(schema.field(name).type.value_type))
+        for name, values in (("input_ids", packed.ids), ("word_ids", packed.word_ids))
     ]
-    return pa.Table.from_arrays(columns, schema=BLOCK_FEATURES.arrow_schema)
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def documents_to_blocks(
@@ -73,9 +78,11 @@ def documents_to_blocks(
     )
 
 
-def _blocks_arrow(batch: pa.Table, version: int = 0, **kwargs: Any) -> pa.Table:
+def _blocks_arrow(
+    batch: pa.Table, features: datasets.Features = BLOCK_FEATURES, version: int = 0, **kwargs: Any
+) -> pa.Table:
     # ``version`` is unused here: it only enters datasets' cache fingerprint (TOKENIZATION_VERSION).
-    return blocks_table(documents_to_blocks(batch.column("text").to_pylist(), **kwargs))
+    return blocks_table(documents_to_blocks(batch.column("text").to_pylist(), **kwargs), features)
 
 
 def _blocks_lists(batch: dict[str, list], version: int = 0, **kwargs: Any) -> dict[str, list[list[int]]]:
@@ -89,6 +96,7 @@ def to_blocks(
     max_seq_length: int,
     packing: bool,
     document_delimiters: bool = False,
+    features: datasets.Features = BLOCK_FEATURES,
     **map_kwargs: Any,
 ) -> AnyDataset:
     """Segments, tokenizes and packs a ``text`` column into ``input_ids``/``word_ids`` blocks.
@@ -100,6 +108,7 @@ def to_blocks(
         max_seq_length: Block length, special tokens included.
         packing: Concatenate documents into full blocks (else one document per block or blocks).
         document_delimiters: Packed documents each get their own ``[CLS] ... [SEP]`` (document attention).
+        features: The integer types of the block columns in memory (``prepare`` writes narrower ones).
         map_kwargs: Extra ``map`` arguments for in-memory datasets (``num_proc``).
     """
     fn_kwargs = {
@@ -115,10 +124,10 @@ def to_blocks(
     # Arrow in, Arrow out: the batch's text column is read once and the blocks never become Python lists.
     blocks = documents.with_format("arrow").map(
         _blocks_arrow,
-        fn_kwargs=fn_kwargs,
+        fn_kwargs={**fn_kwargs, "features": features},
         batched=True,
         remove_columns=["text"],
-        features=BLOCK_FEATURES,
+        features=features,
         desc="Segmenting, tokenizing and packing" if packing else "Segmenting, tokenizing and splitting",
         **map_kwargs,
     )

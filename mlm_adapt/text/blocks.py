@@ -71,30 +71,35 @@ def _block_bounds(
     return lo[order], hi[order]
 
 
-def _compact_per_block(words: np.ndarray, block_of: np.ndarray) -> np.ndarray:
-    """Word ids renumbered ``0..k-1`` inside each block (``-1`` kept), in increasing order of the old ids."""
+def _compact(words: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Word ids of blocks ``[-1, w..., -1]`` renumbered ``0..k-1`` inside each block, in increasing order."""
+    is_word = words >= 0
+    inner = words[is_word]
+    if len(inner) > 1 and np.any(inner[1:] < inner[:-1]):
+        return _compact_by_sorting(words, offsets)
+    # Increasing ids: a word starts where the id changes ([CLS]/[SEP] between blocks restart the count).
+    new = is_word.copy()
+    new[1:] &= words[1:] != words[:-1]
+    count = np.cumsum(new)
+    # The count at each block's [CLS] is the number of words before the block.
+    before = np.repeat(count[offsets[:-1]], np.diff(offsets))
+    return np.where(is_word, count - before - 1, SPECIAL_WORD_ID)
+
+
+def _compact_by_sorting(words: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """:func:`_compact` for ids in any order: the rank of each id among the distinct ids of its block."""
+    block_of = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
     is_word = words >= 0
     w, b = words[is_word], block_of[is_word]
-    if len(w) > 1 and np.any((np.diff(w) < 0) & (b[1:] == b[:-1])):
-        # Ids not increasing inside a block: rank them by sorting within each block.
-        order = np.lexsort((w, b))
-        ws, bs = w[order], b[order]
-        new = np.ones(len(ws), dtype=bool)
-        new[1:] = (ws[1:] != ws[:-1]) | (bs[1:] != bs[:-1])
-        ranks = np.cumsum(new) - 1
-        base = ranks[np.searchsorted(bs, bs, side="left")]
-        compact_w = np.empty(len(w), dtype=np.int64)
-        compact_w[order] = ranks - base
-    else:
-        new = np.ones(len(w), dtype=bool)
-        new[1:] = (w[1:] != w[:-1]) | (b[1:] != b[:-1])
-        count = np.cumsum(new)
-        # The count before each block's first word: subtracted so every block starts at 0.
-        block_first_word = np.ones(len(w), dtype=bool)
-        block_first_word[1:] = b[1:] != b[:-1]
-        compact_w = count - np.maximum.accumulate(np.where(block_first_word, count, 0))
+    order = np.lexsort((w, b))
+    ws, bs = w[order], b[order]
+    new = np.ones(len(ws), dtype=bool)
+    new[1:] = (ws[1:] != ws[:-1]) | (bs[1:] != bs[:-1])
+    ranks = np.cumsum(new) - 1
+    compact = np.empty(len(w), dtype=np.int64)
+    compact[order] = ranks - ranks[np.searchsorted(bs, bs, side="left")]
     out = np.full(len(words), SPECIAL_WORD_ID, dtype=np.int64)
-    out[is_word] = compact_w
+    out[is_word] = compact
     return out
 
 
@@ -164,20 +169,20 @@ def pack_blocks(
     kept = hi > lo
     lo, hi = lo[kept], hi[kept]
     inner = hi - lo
-    n_blocks, n_inner = len(inner), int(inner.sum())
-    offsets = np.zeros(n_blocks + 1, dtype=np.int64)
+    if len(lo) and (lo[0] > 0 or hi[-1] < len(stream_ids) or np.any(lo[1:] != hi[:-1])):
+        # Blocks are disjoint and in order; only the separators dropped at their edges lie between them.
+        inside = np.cumsum(
+            np.bincount(lo, minlength=len(stream_ids) + 1) - np.bincount(hi, minlength=len(stream_ids) + 1)
+        )[:-1].astype(bool)
+        stream_ids, stream_words = stream_ids[inside], stream_words[inside]
+    inner_end = np.cumsum(inner)
+    # [CLS] before and [SEP] after each block's tokens, in one pass (in this order at a shared index).
+    edges = np.stack((inner_end - inner, inner_end), axis=1).ravel()
+    out_ids = np.insert(stream_ids, edges, np.tile([cls_token_id, sep_token_id], len(inner)))
+    out_words = np.insert(stream_words, edges, SPECIAL_WORD_ID)
+    offsets = np.zeros(len(inner) + 1, dtype=np.int64)
     np.cumsum(inner + 2, out=offsets[1:])
-    inner_start = np.cumsum(inner) - inner
-    block_of = np.repeat(np.arange(n_blocks), inner)
-    source = np.arange(n_inner) + np.repeat(lo - inner_start, inner)
-    target = np.arange(n_inner) + 2 * block_of + 1
-    out_ids = np.empty(offsets[-1], dtype=np.int64)
-    out_words = np.full(offsets[-1], SPECIAL_WORD_ID, dtype=np.int64)
-    out_ids[offsets[:-1]] = cls_token_id
-    out_ids[offsets[1:] - 1] = sep_token_id
-    out_ids[target] = stream_ids[source]
-    out_words[target] = _compact_per_block(stream_words[source], block_of)
-    return PackedBlocks(out_ids, out_words, offsets)
+    return PackedBlocks(out_ids, _compact(out_words, offsets), offsets)
 
 
 def build_blocks(

