@@ -27,18 +27,23 @@ ever comes from corpus text.
 
 BERT's pipeline (BertNormalizer isolating CJK characters, BertPreTokenizer, WordPiece) gets a faster path
 that produces the same tokens and offsets without tokenizing the CJK characters: see :class:`_CharTable`.
+Byte-level BPE (GPT-2, ModernBERT, Qwen) gets one that skips the tokenizer's offset tracking and derives
+the spans from each token's byte length: see :class:`_ByteTable`.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import sys
+import unicodedata
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from tokenizers import pre_tokenizers
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError
@@ -190,6 +195,11 @@ def token_spans(texts: Sequence[str], tokenizer: PreTrainedTokenizerBase) -> Tok
     table = _char_table(tokenizer) if bert_wordpiece(tokenizer) else None
     if table is not None:
         return _bert_spans(texts, table, lengths, text_start)
+    byte_table = _byte_table(tokenizer)
+    if byte_table is not None:
+        spans = byte_table.spans(texts, lengths)
+        if spans is not None:
+            return spans
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and backend.truncation is None and backend.padding is None:
         matching = backend.encode_special_tokens
@@ -368,3 +378,122 @@ def _bert_spans(
         else np.zeros(len(lengths), np.int64)
     )
     return TokenSpans(ids, starts, ends, counts)
+
+
+# Post-processors that leave encode()'s offsets as the model's tokens cover the text (no whitespace trimming).
+_UNTRIMMED = ("TemplateProcessing", "BertProcessing")
+
+
+def _keeps_offsets(post_processor: dict | None) -> bool:
+    if post_processor is None:
+        return True
+    kind = post_processor.get("type")
+    if kind == "Sequence":
+        return all(_keeps_offsets(p) for p in post_processor.get("processors", []))
+    if kind in ("ByteLevel", "RobertaProcessing"):
+        return post_processor.get("trim_offsets") is False
+    return kind in _UNTRIMMED
+
+
+def _ends_in_byte_level(pre_tokenizer: dict | None) -> bool:
+    if pre_tokenizer is None:
+        return False
+    if pre_tokenizer.get("type") == "Sequence":
+        parts = pre_tokenizer.get("pretokenizers") or []
+        return bool(parts) and _ends_in_byte_level(parts[-1])
+    return pre_tokenizer.get("type") == "ByteLevel" and not pre_tokenizer.get("add_prefix_space")
+
+
+class _ByteTable:
+    """Per-tokenizer byte length of every token of a byte-level BPE: spans without offset tracking.
+
+    A byte-level BPE token is a run of the text's UTF-8 bytes (one alphabet character per byte), and the
+    tokens of a text are all its bytes in order. So the span of a token is the characters of its bytes:
+    from the character holding its first byte to the one holding its last (a piece of one character gets
+    that character, as the tokenizer's own offsets say). Every batch is checked: when the tokens' bytes do
+    not add up to each text's (a normalizer changed it), or a control id appears, the batch takes the
+    generic path.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+        self.backend = tokenizer.backend_tokenizer
+        vocab = self.backend.get_vocab(with_added_tokens=False)
+        self.byte_length = np.zeros(max(vocab.values(), default=0) + 1, dtype=np.int64)
+        for token, index in vocab.items():
+            self.byte_length[index] = len(token)
+        self.control = np.asarray(sorted(control_ids(tokenizer)), dtype=np.int64)
+        self.nfc = False
+
+    def spans(self, texts: Sequence[str], lengths: np.ndarray) -> TokenSpans | None:
+        """The batch's tokens and spans, or ``None`` when this batch needs the tokenizer's own offsets."""
+        if self.nfc and not all(unicodedata.is_normalized("NFC", text) for text in texts):
+            return None
+        matching = self.backend.encode_special_tokens
+        self.backend.encode_special_tokens = True  # text is text (see the module docstring)
+        try:
+            encodings = self.backend.encode_batch_fast(list(texts), add_special_tokens=False)
+        finally:
+            self.backend.encode_special_tokens = matching
+        ids = [e.ids for e in encodings]
+        counts = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat_ids = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(counts.sum()))
+        if (len(flat_ids) and flat_ids.max() >= len(self.byte_length)) or np.isin(
+            flat_ids, self.control
+        ).any():
+            return None
+        raw = np.frombuffer("".join(texts).encode("utf-8"), dtype=np.uint8)
+        char_starts = (raw & 0xC0) != 0x80  # not a UTF-8 continuation byte
+        byte_length = self.byte_length[flat_ids]
+        token_text = np.repeat(np.arange(len(counts)), counts)
+        text_of_byte = np.repeat(np.arange(len(lengths)), _utf8_lengths(raw, char_starts, lengths))
+        if not np.array_equal(
+            np.bincount(token_text, weights=byte_length, minlength=len(lengths)),
+            np.bincount(text_of_byte, minlength=len(lengths)),
+        ):
+            return None
+        char_of_byte = np.cumsum(char_starts) - 1
+        ends = np.cumsum(byte_length)
+        starts = ends - byte_length
+        return TokenSpans(flat_ids, char_of_byte[starts], char_of_byte[ends - 1] + 1, counts)
+
+
+def _utf8_lengths(raw: np.ndarray, char_starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """UTF-8 bytes of each text, from the bytes of their concatenation and their lengths in characters."""
+    first_byte = np.flatnonzero(char_starts)  # byte offset of every character
+    bounds = np.append(first_byte, len(raw))[np.concatenate(([0], np.cumsum(lengths)))]
+    return np.diff(bounds)
+
+
+_BYTE_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _byte_table(tokenizer: PreTrainedTokenizerBase) -> _ByteTable | None:
+    """The :class:`_ByteTable` of a byte-level BPE tokenizer that can use one, else ``None``."""
+    try:
+        return _BYTE_TABLES[tokenizer]
+    except KeyError:
+        pass
+    except TypeError:  # not weak-referenceable
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    table = None
+    if backend is not None and backend.truncation is None and backend.padding is None:
+        special = set(tokenizer.all_special_tokens)
+        config = json.loads(backend.to_str())
+        model, normalizer = config.get("model") or {}, config.get("normalizer")
+        vocab = backend.get_vocab(with_added_tokens=False)
+        if (
+            model.get("type") == "BPE"
+            and not model.get("byte_fallback")
+            and not model.get("dropout")
+            and (normalizer is None or normalizer.get("type") == "NFC")
+            and _ends_in_byte_level(config.get("pre_tokenizer"))
+            and _keeps_offsets(config.get("post_processor"))
+            # Every byte is a token of its own, and no added token is matched in the text before BPE runs.
+            and all(byte in vocab for byte in pre_tokenizers.ByteLevel.alphabet())
+            and all(token in special for token in tokenizer.get_added_vocab())
+        ):
+            table = _ByteTable(tokenizer)
+            table.nfc = normalizer is not None
+    _BYTE_TABLES[tokenizer] = table
+    return table

@@ -27,7 +27,7 @@ def test_the_default_optimizer_is_fused_adamw(tiny_model_dir):
 def test_a_kernel_chosen_in_the_config_is_kept(tiny_model_dir, choice):
     factory = functools.partial(torch.optim.AdamW, lr=1e-3, **choice)
     optimizer = _module(tiny_model_dir, optimizer=factory).configure_optimizers()["optimizer"]
-    (key, value), = choice.items()
+    ((key, value),) = choice.items()
     assert all(g[key] is value for g in optimizer.param_groups)
     assert not any(g["fused"] for g in optimizer.param_groups)
 
@@ -39,7 +39,8 @@ def test_other_optimizers_are_left_alone():
 
 def test_fused_steps_give_the_for_loop_trajectory(tiny_model_dir, tokenizer):
     torch.manual_seed(0)
-    batch = tokenizer(["北京欢迎你，这本书很好看。"] * 4, return_tensors="pt", padding="max_length", max_length=24)
+    texts = ["北京欢迎你，这本书很好看。"] * 4
+    batch = tokenizer(texts, return_tensors="pt", padding="max_length", max_length=24)
     labels = batch["input_ids"].masked_fill(torch.rand(batch["input_ids"].shape) > 0.3, -100)
 
     def trajectory(fused: bool) -> tuple[list[float], torch.Tensor]:

