@@ -37,6 +37,14 @@ class MLMAdaptError(Exception):
     """
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, as the CLI's SIGINT handler raises it.
+
+    Any other ``KeyboardInterrupt`` (or ``SystemExit``) that reaches a boundary of user code -- a segmenter,
+    a library it wraps -- was raised by that code: a failure of it, reported as such, never a stop.
+    """
+
+
 def debug_enabled() -> bool:
     """Whether the CLI shows tracebacks (``--debug`` or ``MLM_ADAPT_DEBUG=1``)."""
     return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")

@@ -2,7 +2,8 @@
 
 Also the one error boundary: every user error -- a parser error, an :class:`MLMAdaptError`, a Lightning
 misconfiguration -- is one ``mlm_adapt: error: ...`` line and status 2 (``--debug`` keeps the traceback); a
-stop signal during ``fit`` is one line and ``128 + signal`` (see :mod:`mlm_adapt.training.signals`).
+stop signal (Ctrl-C, SIGTERM, SIGUSR1) during any command is one line naming the command and what was kept,
+and ``128 + signal`` (see :mod:`mlm_adapt.training.signals`).
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import NamedTuple
 
 import jsonargparse
@@ -28,13 +31,14 @@ from mlm_adapt.cli.vocab import vocab_main
 from mlm_adapt.errors import (
     DEBUG_ENV,
     DEBUG_HINT,
+    Interrupted,
     MLMAdaptError,
     debug_enabled,
     parser_message,
     user_message,
 )
 from mlm_adapt.guard.yaml_limits import bounded_loader
-from mlm_adapt.training.signals import STOP, install_stop_handlers
+from mlm_adapt.training.signals import STOP, install_stop_handlers, stop_now
 
 
 class Command(NamedTuple):
@@ -73,30 +77,59 @@ def bound_yaml() -> None:
 
 
 @contextmanager
-def stop_signals(active: bool) -> Iterator[None]:
-    """SIGTERM/SIGUSR1 end the command with ``128 + signal`` (during training: after a checkpoint)."""
-    if not active:
-        yield
-        return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+def stop_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGUSR1 end any command with one line and ``128 + signal``.
+
+    During training SIGTERM/SIGUSR1 first write a checkpoint at the next step
+    (:mod:`mlm_adapt.training.signals`); elsewhere they stop at once. SIGINT raises :class:`Interrupted`,
+    so that Lightning's graceful shutdown and every ``finally`` (staging directories, locks) still run.
+    """
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     install_stop_handlers()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _interrupt)
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
-def _stopped() -> None:
-    print(f"mlm_adapt: error: {STOP.summary()}", file=sys.stderr)
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    STOP.signum = STOP.signum or signum
+    raise Interrupted()
+
+
+def _child_signals() -> None:
+    """A forked worker does not inherit the command's stop handlers: the command stops it.
+
+    Ctrl-C reaches the whole process group: the workers ignore it, the command unwinds and ends its pool.
+    A pool ends its workers with SIGTERM, which must kill them at once (a handler raising inside a worker
+    that holds its pool's queue lock hangs the pool's shutdown, and with it the command).
+    """
+    if signal.getsignal(signal.SIGINT) is _interrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in (signal.SIGTERM, signal.SIGUSR1):
+        if signal.getsignal(signum) is stop_now:
+            signal.signal(signum, signal.SIG_DFL)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_child_signals)
+
+
+def _stopped(command: str) -> None:
+    print(f"mlm_adapt: error: {STOP.summary(command)}", file=sys.stderr)
     sys.exit(STOP.exit_code)
 
 
-def _run(entry: Callable[[list[str]], object], args: list[str], usage: str, training: bool = False) -> None:
+def _run(entry: Callable[[list[str]], object], args: list[str], usage: str) -> None:
     # Every command starts with no signal recorded, whatever an earlier command in this process received
     # (several commands run in one process from Python, or in a test session).
     STOP.reset()
-    with stop_signals(training):
+    command = usage or "mlm_adapt"
+    with stop_signals():
         try:
             if debug_enabled():
                 entry(args)  # every exception with its traceback
@@ -105,15 +138,25 @@ def _run(entry: Callable[[list[str]], object], args: list[str], usage: str, trai
         except SystemExit:
             if STOP.signum is None:
                 raise  # --help, or an exit already reported
-            _stopped()
+            _stopped(command)
+        except KeyboardInterrupt:  # Ctrl-C (a KeyboardInterrupt from user code is its error, reported there)
+            STOP.signum = STOP.signum or signal.SIGINT
+            _stopped(command)
+        except Exception:
+            if STOP.signum is None:
+                raise
+            # A library's cleanup failed while the stop unwound it (datasets' pool, waiting on its workers).
+            _stopped(command)
         if STOP.signum is not None:  # a signal during the export after training, say
-            _stopped()
+            _stopped(command)
 
 
 def _report_user_errors(entry: Callable[[list[str]], object], args: list[str], usage: str) -> None:
     try:
         entry(args)
     except Exception as exc:
+        if STOP.signum is not None:
+            raise  # stopped by a signal: reported as the stop (see _run), whatever failed on the way out
         translated = user_message(exc)
         if translated is None:
             raise  # not the user's doing: the traceback is the bug report
@@ -172,4 +215,4 @@ def main(args: list[str] | None = None) -> None:
         _run(COMMANDS[args[0]].run, args[1:], usage=args[0])
     else:
         trainer_command = args[0] if args and args[0] in MLMAdaptCLI.subcommands() else ""
-        _run(_fit_cli, args, usage=trainer_command, training=trainer_command == "fit")
+        _run(_fit_cli, args, usage=trainer_command)

@@ -24,14 +24,12 @@ same but block boundaries can move at worker boundaries, as they do between 1 an
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import inspect
 import os
 import re
 import shutil
 import stat
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +48,7 @@ from mlm_adapt.data.prepared_manifest import (
 )
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.guard.locks import locked
 
 # Shard counts are divisors of 192 = 2^6 * 3: a full 192 shards split evenly over any world_size x
 # num_workers product of 1, 2, 4, 8 GPUs per node times 1-8 nodes with 1, 2, 3, 4, 6 or 8 loader
@@ -178,27 +177,6 @@ def _check_parts_home(target: Path, count: int) -> None:
         )
 
 
-@contextlib.contextmanager
-def _exclusive(target: Path) -> Iterator[None]:
-    """Refuses a second ``prepare`` of the same directory while one runs (a lock file beside it)."""
-    lock_path = target.parent / f".{target.name}.lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise MLMAdaptError(
-                f"data.prepared_dir: another prepare is writing {target}; wait for it or choose another "
-                "directory"
-            ) from None
-        try:
-            yield
-        finally:
-            lock_path.unlink(missing_ok=True)  # while still held: a waiting run then fails, never interleaves
-    finally:
-        os.close(fd)
-
-
 def _check_target(target: Path) -> None:
     if target.is_symlink():
         raise MLMAdaptError(f"data.prepared_dir: {target} is a symbolic link; give the real directory")
@@ -248,7 +226,9 @@ def prepare_corpus(
     target.parent.mkdir(parents=True, exist_ok=True)
     _check_target(target)
     staging = target.parent / f".{target.name}.staging"
-    with _exclusive(target):
+    # One lock mechanism for every writer (guard.locks): a second prepare of this directory is refused, and
+    # a worker that outlives this process cannot keep the lock.
+    with locked(target, "data.prepared_dir", str(target)):
         if staging.exists() or staging.is_symlink():
             progress.log(f"removing {staging}, left by an interrupted prepare")
             _remove(staging)

@@ -6,16 +6,20 @@ release; the inode is re-checked after locking so a lock file removed and recrea
 trusted. A file at the lock's name that is not such a record (a user's) is refused, never truncated.
 Locks are re-entrant within a process. Where ``flock`` is missing (Lustre mounted without ``-o flock``,
 Windows) the write goes on unlocked after a warning: the atomic publish still holds, only concurrent
-writers are no longer told apart.
+writers are no longer told apart. Forked workers close the lock files they inherit and, on Linux, die with
+their parent, so no process but the command that took a lock can hold it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import json
 import os
+import signal
 import socket
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -32,6 +36,40 @@ _LOCK_FORMAT = "mlm_adapt lock"
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 _held: dict[Path, list[int]] = {}  # lock file -> [fd, depth]; fd -1: unlocked (flock unsupported)
 _registry = threading.Lock()
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_parent_at_fork: list[int] = []
+
+
+def _before_fork() -> None:
+    _parent_at_fork[:] = [os.getpid()]
+
+
+def _in_forked_child() -> None:
+    """A forked child (a ``datasets.map`` or DataLoader worker) inherits no lock and dies with its parent.
+
+    ``flock`` belongs to the open file, which a fork shares: a worker left alive after its parent was killed
+    (SIGKILL, the OOM killer) would keep every lock of the parent held, and each later run would be refused
+    as if the parent still wrote. Closing the child's copies leaves the parent's locks as they are; and on
+    Linux the kernel kills the child when its parent goes, so no idle worker outlives the command.
+    """
+    global _registry
+    _registry = threading.Lock()  # another thread may have held it at the fork
+    for fd, _depth in _held.values():
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    _held.clear()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if _parent_at_fork and os.getppid() != _parent_at_fork[0]:
+            os._exit(1)  # the parent died before prctl took effect
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_in_forked_child)
 
 
 def lock_path(target: Path) -> Path:

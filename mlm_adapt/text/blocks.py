@@ -57,7 +57,7 @@ def _block_bounds(
             start, end = int(starts[stream]), int(ends[stream])
             while end - start > capacity:
                 limit = start + capacity
-                i = int(np.searchsorted(clean, limit, side="right")) - 1
+                i = int(clean.searchsorted(limit, side="right")) - 1
                 cut = int(clean[i]) if i >= 0 and clean[i] > start else limit  # a word longer than a block
                 cut_starts.append(start)
                 cut_ends.append(cut)

@@ -18,7 +18,7 @@ import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import Interrupted, MLMAdaptError
 from mlm_adapt.text.builtin_segmenters import BUILTIN_CLASSES
 from mlm_adapt.text.chinese_variants import ChineseConverter, split_like
 from mlm_adapt.text.segment import Segmenter
@@ -162,8 +162,14 @@ class Segmentation:
     def _run(self, texts: list[str]) -> list[list[str]]:
         try:
             return list(self.segmenter.segment(texts))
-        except MLMAdaptError:
+        except (MLMAdaptError, Interrupted):
             raise
+        except (SystemExit, KeyboardInterrupt) as exc:
+            # Raised by the segmenter (or a library it wraps), not by a stop signal: it failed.
+            detail = f"exit({exc.code!r})" if isinstance(exc, SystemExit) else "KeyboardInterrupt"
+            raise self._fail(
+                f"called {detail}", texts[0] if texts else "", "a segmenter must return words, not exit"
+            ) from None
         except Exception as exc:
             offending = texts[0] if texts else ""
             for text in texts:  # the error path only: find the text it fails on

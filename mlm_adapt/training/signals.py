@@ -56,14 +56,20 @@ class StopState:
         """``128 + signal``, as a shell reports a process the signal ended (143 for SIGTERM)."""
         return 128 + int(self.signum or signal.SIGTERM)
 
-    def summary(self) -> str:
-        """One line for the user: which signal, the checkpoint written, and how to continue."""
+    def summary(self, command: str = "fit") -> str:
+        """One line for the user: the command, which signal, what was kept, and how to continue."""
         name = signal.Signals(self.signum or signal.SIGTERM).name
-        if self.checkpoint is None:
-            return f"stopped by {name} outside the training steps; no checkpoint written (the run's stand)"
+        if self.checkpoint is not None:
+            return (
+                f"{command} stopped by {name}: saved {self.checkpoint} at step {self.step}; continue with "
+                "--ckpt_path last (same config)"
+            )
+        if command == "fit":
+            return f"fit stopped by {name} outside the training steps; no checkpoint written by this run"
+        # Every writer publishes by an atomic rename of a staging directory it removes when stopped.
         return (
-            f"stopped by {name}: saved {self.checkpoint} at step {self.step}; continue with "
-            "--ckpt_path last (same config)"
+            f"{command} stopped by {name}; nothing was published and the inputs are untouched; run the same "
+            "command again"
         )
 
 
@@ -87,7 +93,8 @@ def _record(signum: int, _frame: FrameType | None) -> None:
     STOP.signum = STOP.signum or signum
 
 
-def _stop_now(signum: int, _frame: FrameType | None) -> None:
+def stop_now(signum: int, _frame: FrameType | None) -> None:
+    """The handler outside training: record the signal and stop at once."""
     # Outside training (parsing, data preparation, export) there is no step to finish: stop at once, with
     # the same status as during training.
     _record(signum, _frame)
@@ -98,7 +105,7 @@ def install_stop_handlers(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIG
     """Makes the stop signals end the process with ``128 + signal`` until training takes them over."""
     if threading.current_thread() is threading.main_thread():
         for signum in signals:
-            signal.signal(signum, _stop_now)
+            signal.signal(signum, stop_now)
 
 
 def checkpoint_path(trainer: L.Trainer) -> Path:
