@@ -97,6 +97,6 @@ def test_a_prepare_array_equals_one_process_and_feeds_a_two_node_fit(
     record = slurm_cluster.wait(fit_id, timeout=300)
     log = job_log(tmp_path, fit_id)
     assert record["JobState"] == "COMPLETED", log[-4000:]
-    assert "Segmenting and tokenizing" not in log
+    assert "Segmenting, tokenizing" not in log
     assert f"mlm_adapt data: {prepared}" in log
     assert (tmp_path / "runs" / f"mlm_adapt-{fit_id}" / "export" / "model.safetensors").is_file()

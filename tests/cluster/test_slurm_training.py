@@ -139,7 +139,7 @@ def test_two_node_fit_trains_ddp_across_nodes_and_keeps_every_file_under_its_roo
     assert files_outside(directory, root) == []
     # One process of the job segmented and tokenized the corpus into the shared cache (one line for the
     # training and one for the validation documents); the other node waited for it and loaded the cache.
-    started = re.findall(r"Segmenting and tokenizing[^\r\n]*?\s0%\|", log)
+    started = re.findall(r"Segmenting, tokenizing and packing[^\r\n]*?\s0%\|", log)
     assert len(started) == 2, log[-4000:]
     assert "waiting for the preprocessing" in log
     # The best checkpoint by val/loss was never saved (every_n_train_steps 2000): the message says so.
