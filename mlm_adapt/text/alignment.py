@@ -255,15 +255,25 @@ def _spell_out(
     return new_ids, new_offsets
 
 
-def bert_wordpiece(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Whether the tokenizer runs BERT's pipeline: BertNormalizer spacing CJK, BertPreTokenizer, WordPiece."""
+def _fast_path_backend(tokenizer: PreTrainedTokenizerBase) -> Any:
+    """The Rust tokenizer, when a fast path may replace it: no saved truncation/padding, no added tokens.
+
+    Added tokens (``data.new_tokens_file``) are matched in the raw text before the model's pipeline runs: a
+    per-character or per-byte table cannot see them, so such tokenizers take the generic path.
+    """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or backend.truncation is not None or backend.padding is not None:
-        return False
-    # Added tokens (data.new_tokens_file) are matched in the raw text before BERT's pipeline runs: a
-    # per-character table cannot see them, so such tokenizers take the generic path.
+        return None
     special = set(tokenizer.all_special_tokens)
     if any(token not in special for token in tokenizer.get_added_vocab()):
+        return None
+    return backend
+
+
+def bert_wordpiece(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer runs BERT's pipeline: BertNormalizer spacing CJK, BertPreTokenizer, WordPiece."""
+    backend = _fast_path_backend(tokenizer)
+    if backend is None:
         return False
     normalizer = backend.normalizer
     return (
@@ -415,14 +425,13 @@ class _ByteTable:
     generic path.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab: dict[str, int], nfc: bool):
         self.backend = tokenizer.backend_tokenizer
-        vocab = self.backend.get_vocab(with_added_tokens=False)
         self.byte_length = np.zeros(max(vocab.values(), default=0) + 1, dtype=np.int64)
         for token, index in vocab.items():
             self.byte_length[index] = len(token)
         self.control = np.asarray(sorted(control_ids(tokenizer)), dtype=np.int64)
-        self.nfc = False
+        self.nfc = nfc  # the normalizer is NFC: texts it would change take the generic path
 
     def spans(self, texts: Sequence[str], lengths: np.ndarray) -> TokenSpans | None:
         """The batch's tokens and spans, or ``None`` when this batch needs the tokenizer's own offsets."""
@@ -445,11 +454,8 @@ class _ByteTable:
         char_starts = (raw & 0xC0) != 0x80  # not a UTF-8 continuation byte
         byte_length = self.byte_length[flat_ids]
         token_text = np.repeat(np.arange(len(counts)), counts)
-        text_of_byte = np.repeat(np.arange(len(lengths)), _utf8_lengths(raw, char_starts, lengths))
-        if not np.array_equal(
-            np.bincount(token_text, weights=byte_length, minlength=len(lengths)),
-            np.bincount(text_of_byte, minlength=len(lengths)),
-        ):
+        token_bytes = np.bincount(token_text, weights=byte_length, minlength=len(lengths))
+        if not np.array_equal(token_bytes, _utf8_lengths(raw, char_starts, lengths)):
             return None
         char_of_byte = np.cumsum(char_starts) - 1
         ends = np.cumsum(byte_length)
@@ -475,10 +481,9 @@ def _byte_table(tokenizer: PreTrainedTokenizerBase) -> _ByteTable | None:
         pass
     except TypeError:  # not weak-referenceable
         return None
-    backend = getattr(tokenizer, "backend_tokenizer", None)
+    backend = _fast_path_backend(tokenizer)
     table = None
-    if backend is not None and backend.truncation is None and backend.padding is None:
-        special = set(tokenizer.all_special_tokens)
+    if backend is not None:
         config = json.loads(backend.to_str())
         model, normalizer = config.get("model") or {}, config.get("normalizer")
         vocab = backend.get_vocab(with_added_tokens=False)
@@ -489,11 +494,8 @@ def _byte_table(tokenizer: PreTrainedTokenizerBase) -> _ByteTable | None:
             and (normalizer is None or normalizer.get("type") == "NFC")
             and _ends_in_byte_level(config.get("pre_tokenizer"))
             and _keeps_offsets(config.get("post_processor"))
-            # Every byte is a token of its own, and no added token is matched in the text before BPE runs.
-            and all(byte in vocab for byte in pre_tokenizers.ByteLevel.alphabet())
-            and all(token in special for token in tokenizer.get_added_vocab())
+            and all(byte in vocab for byte in pre_tokenizers.ByteLevel.alphabet())  # every byte a token
         ):
-            table = _ByteTable(tokenizer)
-            table.nfc = normalizer is not None
+            table = _ByteTable(tokenizer, vocab, nfc=normalizer is not None)
     _BYTE_TABLES[tokenizer] = table
     return table

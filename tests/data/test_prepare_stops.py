@@ -56,8 +56,8 @@ def big_corpus(tmp_path_factory) -> Path:
     return corpus
 
 
-def _stop_while_segmenting(command: list[str], signum: int) -> tuple[int, str, list[int]]:
-    """Starts ``command``, sends ``signum`` once both map workers run; (status, output, worker pids)."""
+def _stop_while_segmenting(command: list[str], signum: int) -> tuple[int, str]:
+    """Starts ``command``, sends ``signum`` once both map workers run; (status, output), workers gone."""
     proc = subprocess.Popen(
         command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -81,7 +81,7 @@ def _stop_while_segmenting(command: list[str], signum: int) -> tuple[int, str, l
     while any(_alive(w) for w in workers) and time.monotonic() < gone:
         time.sleep(0.1)
     assert not any(_alive(w) for w in workers), "map workers outlived the stopped prepare"
-    return status, "".join(output), workers
+    return status, "".join(output)
 
 
 @pytest.mark.parametrize(
@@ -95,7 +95,7 @@ def test_stopped_while_workers_segment_leaves_nothing_and_the_rerun_succeeds(
     target = tmp_path / "prepared"
     command = _prepare_command(tiny_model_dir, big_corpus, target, tmp_path / "cache")
     before = big_corpus.stat()
-    got, output, _ = _stop_while_segmenting(command, signum)
+    got, output = _stop_while_segmenting(command, signum)
     assert got == status, output[-3000:]
     if signum != signal.SIGKILL:
         errors = [line for line in output.splitlines() if line.startswith("mlm_adapt: error:")]
