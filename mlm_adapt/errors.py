@@ -114,6 +114,11 @@ def _type_names(exc: BaseException) -> set[str]:
     return {cls.__name__ for cls in type(exc).__mro__}
 
 
+def exception_line(exc: BaseException) -> str:
+    """The first non-empty line of ``exc``'s message, else its type's name: what a one-line error quotes."""
+    return _first_line(str(exc)) or type(exc).__name__
+
+
 def _first_line(text: str) -> str:
     # A DataLoader worker re-raises with the worker's whole traceback as the message; its last line is the
     # original "Type: message".

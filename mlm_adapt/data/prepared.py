@@ -44,10 +44,11 @@ from mlm_adapt.data.prepared_manifest import (
     prepared_settings,
     read_manifest,
     setting_conflicts,
+    test_files_record,
     write_manifest,
 )
 from mlm_adapt.data.progress import Progress
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import MLMAdaptError, exception_line
 from mlm_adapt.guard.locks import locked
 
 # Shard counts are divisors of 192 = 2^6 * 3: a full 192 shards split evenly over any world_size x
@@ -296,6 +297,7 @@ def _build(datamodule: Any, staging: Path, progress: Progress, shard: tuple[int,
         "validation_sets": dict(datamodule.validation_sets.splits),
         "dtypes": {field.name: str(field.type.value_type) for field in schema},
         "corpus_fingerprint": blocks_fingerprint(blocks["train"]),
+        "test_files": test_files_record(hp.test_files),
         "preprocessing_num_workers": hp.preprocessing_num_workers,
         "splits": splits,
         **({"part": {"index": shard[0], "count": shard[1]}} if shard else {}),
@@ -318,7 +320,61 @@ def _open_shard(directory: Path, shard: Any) -> datasets.Dataset:
             f"data.prepared_dir: shard {path} is not the file prepare wrote (a link, or {info.st_size} bytes "
             f"instead of {shard.get('bytes')}); copy the whole directory or prepare it again"
         )
-    return datasets.Dataset.from_file(str(path))  # memory-mapped
+    try:
+        return datasets.Dataset.from_file(str(path))  # memory-mapped
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise MLMAdaptError(
+            f"data.prepared_dir: shard {path} is not a readable Arrow file ({exception_line(exc)}); copy the "
+            "whole directory again or prepare it again"
+        ) from None
+
+
+def _column_types(schema: pa.Schema) -> str:
+    """``input_ids uint16, word_ids int16``: a block schema as a message shows it."""
+    return ", ".join(f"{field.name} {getattr(field.type, 'value_type', field.type)}" for field in schema)
+
+
+def _check_shard(
+    path: Path, blocks: datasets.Dataset, shard: dict, schema: pa.Schema, vocab_size: int, max_seq_length: int
+) -> int:
+    """Checks one memory-mapped shard against what prepare writes for this tokenizer; returns its tokens.
+
+    Its column types, block count, block lengths (equal for ids and word ids, at most the block length),
+    token ids (below the tokenizer's vocabulary size) and word ids (``-1`` or below the block length): one
+    vectorized pass over the mapped columns, no Python per block, so a tampered or foreign shard is refused
+    before the first step instead of failing in the embedding or masking the wrong words.
+    """
+    problem = _shard_problem(blocks, shard, schema, vocab_size, max_seq_length)
+    if problem:
+        raise MLMAdaptError(
+            f"data.prepared_dir: shard {path / shard['file']} {problem}; the directory was altered, copied "
+            "in part or prepared for another model: copy it again whole or run prepare again"
+        )
+    return int(pc.sum(pc.list_value_length(blocks.data.column("input_ids"))).as_py() or 0)
+
+
+def _shard_problem(
+    blocks: datasets.Dataset, shard: dict, schema: pa.Schema, vocab_size: int, max_seq_length: int
+) -> str | None:
+    types, wanted = _column_types(blocks.data.schema), _column_types(schema)
+    if types != wanted:
+        return f"holds {types} where this tokenizer's blocks are {wanted}"
+    if len(blocks) != shard["blocks"]:
+        return f"holds {len(blocks)} blocks, the manifest says {shard['blocks']}"
+    if not len(blocks):
+        return None
+    ids, words = blocks.data.column("input_ids"), blocks.data.column("word_ids")
+    lengths = pc.list_value_length(ids)
+    if not pc.all(pc.equal(lengths, pc.list_value_length(words))).as_py():
+        return "has blocks whose word ids do not match their tokens one for one"
+    if (longest := pc.max(lengths).as_py()) > max_seq_length:
+        return f"has a block of {longest} tokens, longer than max_seq_length {max_seq_length}"
+    id_range, word_range = pc.min_max(pc.list_flatten(ids)), pc.min_max(pc.list_flatten(words))
+    if (id_range["max"].as_py() or 0) >= vocab_size:
+        return f"holds token id {id_range['max']}, beyond the tokenizer's {vocab_size} tokens"
+    if (word_range["min"].as_py() or 0) < -1 or (word_range["max"].as_py() or 0) >= max_seq_length:
+        return f"holds word ids {word_range['min']}..{word_range['max']}, outside -1..{max_seq_length - 1}"
+    return None
 
 
 def load_prepared(
@@ -337,7 +393,8 @@ def load_prepared(
     path = Path(hparams.prepared_dir)
     settings = prepared_settings(hparams, tokenizer, set_names)
     directories = _part_directories(path)
-    loaded = [_load_one(directory, settings) for directory in directories]
+    loaded = [_load_one(directory, settings, len(tokenizer)) for directory in directories]
+    _check_test_files(path, hparams.test_files, loaded[0][1])
     if len(loaded) == 1:
         return loaded[0]
     splits = {
@@ -352,6 +409,19 @@ def load_prepared(
         }
         manifest["splits"][split]["shards"] = [s for e in entries for s in e["shards"]]
     return datasets.DatasetDict(splits), manifest
+
+
+def _check_test_files(path: Path, test_files: list[str] | None, manifest: dict) -> None:
+    """``data.test_files`` with a prepared directory: only the test files it was prepared with."""
+    if not test_files:
+        return
+    prepared = manifest.get("test_files")
+    if prepared != test_files_record(test_files):
+        had = ", ".join(f["name"] for f in prepared) if prepared else "no test files"
+        raise MLMAdaptError(
+            f"data.test_files: {path} was prepared with {had}, not these; a prepared directory never reads "
+            "raw files: prepare it again with these data.test_files, or drop data.prepared_dir"
+        )
 
 
 def _part_directories(path: Path) -> list[Path]:
@@ -385,18 +455,29 @@ def _checked_manifest(path: Path, settings: dict) -> dict:
     return manifest
 
 
-def _load_one(path: Path, settings: dict) -> tuple[datasets.DatasetDict, dict]:
+def _load_one(path: Path, settings: dict, vocab_size: int) -> tuple[datasets.DatasetDict, dict]:
+    """One prepared directory (or part), checked whole: manifest, settings, then every shard."""
     manifest = _checked_manifest(path, settings)
+    schema = block_schema(vocab_size, settings["max_seq_length"])
+    recorded = {name: str(kind.value_type) for name, kind in zip(schema.names, schema.types, strict=True)}
+    if manifest["dtypes"] != recorded:
+        raise MLMAdaptError(
+            f"data.prepared_dir: {path}: dtypes {manifest['dtypes']} where this tokenizer's blocks are "
+            f"{_column_types(schema)}; the directory was altered or prepared for another model: prepare "
+            "it again"
+        )
     splits = {}
-    for split, entry in (manifest.get("splits") or {}).items():
-        parts = [_open_shard(path, shard) for shard in entry.get("shards") or []]
-        if not parts:
-            raise MLMAdaptError(f"data.prepared_dir: {path} has no shards for {split}; prepare it again")
+    for split, entry in manifest["splits"].items():
+        parts, tokens = [], 0
+        for shard in entry["shards"]:
+            parts.append(_open_shard(path, shard))
+            tokens += _check_shard(path, parts[-1], shard, schema, vocab_size, settings["max_seq_length"])
+        if tokens != entry["tokens"]:
+            raise MLMAdaptError(
+                f"data.prepared_dir: {split} of {path} holds {tokens} tokens, its manifest says "
+                f"{entry['tokens']}; copy the whole directory again or prepare it again"
+            )
         splits[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-        if len(splits[split]) != entry.get("blocks"):
-            raise MLMAdaptError(f"data.prepared_dir: {split} of {path} is incomplete; prepare it again")
-    if "train" not in splits:
-        raise MLMAdaptError(f"data.prepared_dir: {path} has no train split; prepare it again")
     return datasets.DatasetDict(splits), manifest
 
 

@@ -5,6 +5,10 @@ segmenter, user dictionary and added tokens it was built with. Each is recorded 
 depends on (a hash of the tokenizer's files, not its path), so the directory can move to another machine or
 the tokenizer to another path, while any change that would alter the blocks is refused with one line
 naming ``old → new``.
+
+A manifest is data a user may have copied across clusters, edited or half-synced, so it is read as
+untrusted: :func:`check_manifest` checks its whole shape (every key, type and count, and that the splits it
+names are there) before anything is opened, and names the first key that is wrong.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from transformers import PreTrainedTokenizerBase
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.tokenizer import read_new_tokens
 
-FORMAT_VERSION = 1
+# 2: document attention and the OpenCC conversion are settings, the test files are recorded.
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 # The tokenizer files that decide tokenization (model weights and configs do not).
 TOKENIZER_FILES = (
@@ -81,7 +86,9 @@ def prepared_settings(hparams: Any, tokenizer: PreTrainedTokenizerBase, set_name
         "tokenizer": {"name": name, "hash": tokenizer_hash(name, tokenizer, added)},
         "max_seq_length": hparams["max_seq_length"],
         "packing": hparams["packing"],
+        "document_attention": bool(hparams.get("document_attention")) and hparams["packing"],
         "segmenter": {"backend": hparams["segmenter"], "hmm": hparams["hmm"]},
+        "opencc": hparams.get("opencc"),
         "user_dict": file_hash(hparams.get("user_dict")),
         "added_tokens": {"count": len(added), "hash": _digest([t.encode() for t in added])}
         if added
@@ -99,6 +106,13 @@ def prepared_settings(hparams: Any, tokenizer: PreTrainedTokenizerBase, set_name
     }
 
 
+def test_files_record(files: list[str] | None) -> list[dict] | None:
+    """What the test split was built from: each file's name and content hash (``None``: no test split)."""
+    if not files:
+        return None
+    return [{"name": Path(f).name, "hash": file_hash(f)} for f in files]
+
+
 def _validation_files(files: Any) -> list:
     if isinstance(files, dict):
         return list(files.values())
@@ -106,12 +120,16 @@ def _validation_files(files: Any) -> list:
 
 
 def _shown(key: str, value: Any) -> str:
-    if key == "tokenizer":
+    if not isinstance(value, dict | str | None):  # a hand-edited value of another type
+        return json.dumps(value, ensure_ascii=False)
+    if key == "tokenizer" and isinstance(value, dict):
         return f"{value['name']} (files {value['hash'][:12]})"
-    if key == "added_tokens":
-        return "none" if value is None else f"{value['count']} tokens ({value['hash'][:12]})"
-    if key == "user_dict":
-        return "none" if value is None else f"file {value[:12]}"
+    if key == "added_tokens" and isinstance(value, dict):
+        return f"{value.get('count')} tokens ({str(value.get('hash'))[:12]})"
+    if key == "user_dict" and isinstance(value, str):
+        return f"file {value[:12]}"
+    if value is None:
+        return "none"
     if isinstance(value, dict):
         return ", ".join(f"{k} {v}" for k, v in value.items())
     return json.dumps(value, ensure_ascii=False)
@@ -123,11 +141,89 @@ def setting_conflicts(saved: dict, current: dict) -> list[str]:
     for key, value in current.items():
         old = saved.get(key)
         # A moved tokenizer with the same files is the same tokenizer.
-        same = old.get("hash") == value.get("hash") if key == "tokenizer" and old and value else old == value
+        tokenizers = key == "tokenizer" and isinstance(old, dict) and isinstance(value, dict)
+        same = old.get("hash") == value.get("hash") if tokenizers else old == value
         if not same:
             was = _shown(key, old) if old is not None else "none"
             conflicts.append(f"{key} {was} → {_shown(key, value)}")
     return conflicts
+
+
+class _Count:
+    """Schema marker: a non-negative integer."""
+
+
+# The shape of a manifest: a dict maps keys to the shape of their values ("?" marks an optional key), a
+# one-element list is a list of that shape, ``_Count`` a non-negative integer, a type that type.
+_SHARD = {"file": str, "blocks": _Count, "bytes": _Count}
+_SPLIT = {"shards": [_SHARD], "documents": _Count, "blocks": _Count, "tokens": _Count, "characters": _Count}
+_MANIFEST = {
+    "format_version": int,
+    "settings": dict,
+    "validation_sets": dict,
+    "dtypes": {"input_ids": str, "word_ids": str},
+    "corpus_fingerprint": str,
+    "splits": dict,
+    "test_files?": (list, type(None)),
+    "part?": {"index": _Count, "count": _Count},
+}
+
+
+def _shape_error(value: Any, shape: Any, key: str) -> str | None:
+    """Where ``value`` departs from ``shape`` (``key`` is its dotted path), or ``None``."""
+    if shape is _Count:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        return None if ok else f"{key} is {json.dumps(value)[:40]} where a count (integer >= 0) belongs"
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return f"{key} is a {type(value).__name__} where a mapping belongs"
+        for name, inner in shape.items():
+            optional, name = name.endswith("?"), name.rstrip("?")
+            if name not in value:
+                if optional:
+                    continue
+                return f"{key}.{name} is missing"
+            if error := _shape_error(value[name], inner, f"{key}.{name}"):
+                return error
+        return None
+    if isinstance(shape, list):
+        if not isinstance(value, list) or not value:
+            return f"{key} is {json.dumps(value)[:40]} where a non-empty list belongs"
+        return next((e for i, v in enumerate(value) if (e := _shape_error(v, shape[0], f"{key}[{i}]"))), None)
+    if isinstance(value, shape) and not (isinstance(value, bool) and shape is int):
+        return None
+    return f"{key} is a {type(value).__name__}, not the {getattr(shape, '__name__', 'value')} it should be"
+
+
+def check_manifest(manifest: Any, path: Path) -> dict:
+    """``manifest`` if it has the whole shape :func:`write_manifest` gives it, else one line naming the key.
+
+    Checks every key and type, every split entry and shard entry, that the block counts of the shards add up
+    to their split's, and that the train split, the validation split and every split that
+    ``validation_sets`` names are there.
+    """
+    splits = manifest.get("splits") if isinstance(manifest, dict) else None
+    error = _shape_error(manifest, _MANIFEST, "manifest")
+    if error is None:
+        error = next((e for n, v in splits.items() if (e := _shape_error(v, _SPLIT, f"splits.{n}"))), None)
+    if error is None:
+        named = manifest["validation_sets"]
+        wanted = ["train", "validation", *(v for v in named.values() if isinstance(v, str))]
+        missing = [split for split in wanted if split not in splits]
+        if missing or not all(isinstance(v, str) for v in named.values()):
+            error = f"splits has no {missing[0]!r} split" if missing else "validation_sets holds a non-name"
+    if error is None:
+        for name, split in splits.items():
+            listed = sum(shard["blocks"] for shard in split["shards"])
+            if listed != split["blocks"]:
+                error = f"splits.{name} counts {split['blocks']} blocks but its shards list {listed}"
+                break
+    if error:
+        raise MLMAdaptError(
+            f"data.prepared_dir: {path}: {error.removeprefix('manifest.')}; the directory was altered or "
+            "copied in part: copy it again whole or run prepare again"
+        )
+    return manifest
 
 
 def read_manifest(directory: Path) -> dict:
@@ -151,7 +247,7 @@ def read_manifest(directory: Path) -> dict:
             f"data.prepared_dir: {path} has format version {version}, this mlm_adapt reads {FORMAT_VERSION}; "
             f"{hint}"
         )
-    return manifest
+    return check_manifest(manifest, path)
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:

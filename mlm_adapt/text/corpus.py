@@ -9,7 +9,7 @@ from pathlib import Path
 
 import datasets
 
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import MLMAdaptError, exception_line
 
 # File suffix -> datasets packaged builder.
 BUILDERS = {
@@ -174,8 +174,9 @@ def _load_one_builder(builder: str, files: list[str], key: str, text_column: str
         error = file_error(files, key)
         if error is not None:
             raise error from None
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise MLMAdaptError(f"{key}: could not read {', '.join(files)} as {builder}: {reason}") from exc
+        raise MLMAdaptError(
+            f"{key}: could not read {', '.join(files)} as {builder}: {exception_line(exc)}"
+        ) from exc
     if text_column not in dataset.column_names:
         raise MLMAdaptError(
             f"{key}: column {text_column!r} not found in {', '.join(files)} (columns: "

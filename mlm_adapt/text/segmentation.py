@@ -18,7 +18,7 @@ import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from mlm_adapt.errors import Interrupted, MLMAdaptError
+from mlm_adapt.errors import Interrupted, MLMAdaptError, exception_line
 from mlm_adapt.text.builtin_segmenters import BUILTIN_CLASSES
 from mlm_adapt.text.chinese_variants import ChineseConverter, split_like
 from mlm_adapt.text.segment import Segmenter
@@ -178,7 +178,7 @@ class Segmentation:
                 except Exception:
                     offending = text
                     break
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            message = exception_line(exc) if str(exc).strip() else ""
             raise self._fail(
                 f"raised {type(exc).__name__}: {message}", offending, "fix the segmenter or its init_args"
             ) from None
