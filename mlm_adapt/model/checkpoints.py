@@ -17,8 +17,9 @@ from mlm_adapt.guard.loads import (
     load_sharded,
     load_weights_only,
 )
-from mlm_adapt.model.module import MaskedLMModule
-from mlm_adapt.text.tokenizer import load_tokenizer
+from mlm_adapt.model.loading import extend_embeddings
+from mlm_adapt.model.module import NEW_TOKENS_KEY, MaskedLMModule
+from mlm_adapt.text.tokenizer import extend_tokenizer, load_tokenizer
 
 
 def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any]:
@@ -80,6 +81,31 @@ def checkpoint_metadata(path: str | Path, key: str = "ckpt_path") -> dict[str, A
     return checkpoint
 
 
+def checkpoint_new_tokens(checkpoint: dict[str, Any], key: str = "--ckpt_path") -> list[str]:
+    """The tokens ``model.new_tokens_file`` added in the run, as the checkpoint holds them.
+
+    Never read from the file the checkpoint's hyper-parameters name: a checkpoint is data, and one crafted to
+    name ``~/.aws/credentials`` there would otherwise have its lines added to the tokenizer and published
+    with the export.
+    """
+    tokens = checkpoint.get(NEW_TOKENS_KEY)
+    if tokens is not None:
+        if not isinstance(tokens, list) or not all(isinstance(t, str) and t for t in tokens):
+            raise MLMAdaptError(f"{key}: the checkpoint's {NEW_TOKENS_KEY} is not a list of tokens")
+        return tokens
+    named = [
+        (checkpoint.get(section) or {}).get("new_tokens_file")
+        for section in ("hyper_parameters", "datamodule_hyper_parameters")
+    ]
+    if any(named):
+        raise MLMAdaptError(
+            f"{key}: the checkpoint names model.new_tokens_file {next(n for n in named if n)!r} but does not "
+            "hold its tokens (an older mlm_adapt wrote it); a file a checkpoint names is never read: export "
+            "it with the mlm_adapt that trained it"
+        )
+    return []
+
+
 def module_from_checkpoint(
     checkpoint: dict[str, Any], base_model: str | None = None, key: str = "--ckpt_path"
 ) -> MaskedLMModule:
@@ -102,6 +128,8 @@ def module_from_checkpoint(
         check_model_path(base_model, "--base_model")
         kwargs["model_name_or_path"] = base_model
     kwargs["pretrained"] = False  # skip reading the base weights: the checkpoint's replace them
+    kwargs.pop("new_tokens_file", None)  # the checkpoint's own tokens instead (checkpoint_new_tokens)
+    new_tokens = checkpoint_new_tokens(checkpoint, key)
     try:
         module = MaskedLMModule(**kwargs)
     except MLMAdaptError as exc:
@@ -111,6 +139,9 @@ def module_from_checkpoint(
         raise MLMAdaptError(
             f"{exc} (needed to rebuild the checkpoint's model; or pass --base_model DIR)"
         ) from None
+    if new_tokens:
+        extend_embeddings(module.model, load_tokenizer(kwargs["model_name_or_path"]), new_tokens)
+        module.new_tokens = new_tokens
     missing, unexpected = module.load_state_dict(checkpoint["state_dict"], strict=False)
     # Tied weights (the decoder shares the word embeddings) may legitimately be absent from the file.
     tied = set(getattr(module.model, "_tied_weights_keys", None) or {})
@@ -146,6 +177,7 @@ def tokenizer_for(checkpoint: dict[str, Any], base_model: str | None = None) -> 
     name = base_model or data_hparams.get("tokenizer_name_or_path") or model_hparams.get("model_name_or_path")
     if name is None:
         raise MLMAdaptError("--ckpt_path: the checkpoint records no tokenizer; pass --base_model")
-    new_tokens = model_hparams.get("new_tokens_file") or data_hparams.get("new_tokens_file")
     key = "--base_model" if base_model else "model.model_name_or_path (recorded in the checkpoint)"
-    return load_tokenizer(name, new_tokens, key=key)
+    tokenizer = load_tokenizer(name, key=key)
+    extend_tokenizer(tokenizer, checkpoint_new_tokens(checkpoint))
+    return tokenizer

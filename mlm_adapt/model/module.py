@@ -65,6 +65,10 @@ def fastest_kernels(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return optimizer
 
 
+# Where a checkpoint holds the tokens ``model.new_tokens_file`` added (see ``model.checkpoints``).
+NEW_TOKENS_KEY = "mlm_adapt_new_tokens"
+
+
 class MaskedLMModule(L.LightningModule):
     """Continues masked-LM pretraining of a BERT-family model on domain text.
 
@@ -125,11 +129,14 @@ class MaskedLMModule(L.LightningModule):
                 f"{model_name_or_path!r}; set it to {limit} or less"
             )
         self.mask_token_id: int | None = None
-        if mask_attention == "exclude" or new_tokens_file:
+        # The tokens themselves go into every checkpoint: what the checkpoint is read back with never
+        # comes from a file it names (a crafted checkpoint could name any local file to publish).
+        self.new_tokens: list[str] = read_new_tokens(new_tokens_file) if new_tokens_file else []
+        if mask_attention == "exclude" or self.new_tokens:
             tokenizer = load_tokenizer(model_name_or_path)
             self.mask_token_id = tokenizer.mask_token_id
-            if new_tokens_file:
-                extend_embeddings(self.model, tokenizer, read_new_tokens(new_tokens_file))
+            if self.new_tokens:
+                extend_embeddings(self.model, tokenizer, self.new_tokens)
         if mask_attention == "exclude":
             rank_zero_warn(_EXCLUDE_WARNING)
         if gradient_checkpointing:
@@ -312,6 +319,7 @@ class MaskedLMModule(L.LightningModule):
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["mlm_adapt_baseline_metrics"] = dict(self.baseline_metrics)
+        checkpoint[NEW_TOKENS_KEY] = list(self.new_tokens)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

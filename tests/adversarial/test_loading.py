@@ -288,3 +288,40 @@ def test_intact_copies_still_load(tiny_model_dir, tmp_path, capsys):
     assert "北京" in capsys.readouterr().out
     checkpoint = sharded(tmp_path / "ok.ckpt", {"optimizer_states": [{"lr": 0.1, "step": 3}]})
     assert load_sharded(checkpoint)["optimizer_states"] == [{"lr": 0.1, "step": 3}]
+
+
+def _checkpoint_with_new_tokens(tiny_model_dir: Path, tmp_path: Path, names: str, holds: bool) -> Path:
+    """A checkpoint as fit writes it with ``model.new_tokens_file``, its hyper-parameters naming ``names``."""
+    from mlm_adapt.model.module import NEW_TOKENS_KEY, MaskedLMModule
+
+    tmp_path.mkdir(exist_ok=True)
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("好评如潮\n", encoding="utf-8")
+    module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64, new_tokens_file=str(tokens))
+    checkpoint = {"state_dict": module.state_dict(), "global_step": 1}
+    module.on_save_checkpoint(checkpoint)
+    checkpoint["hyper_parameters"] = {**dict(module.hparams), "new_tokens_file": names}
+    if not holds:
+        del checkpoint[NEW_TOKENS_KEY]
+    path = tmp_path / "crafted.ckpt"
+    torch.save(checkpoint, path)
+    return path
+
+
+def test_a_file_a_checkpoint_names_is_never_read_into_the_export(tiny_model_dir, tmp_path, capsys):
+    """The export's new tokens are the checkpoint's own, not the lines of the file its hparams name."""
+    from transformers import AutoTokenizer
+
+    secret = tmp_path / "credentials"
+    secret.write_text("aws_secret_access_key=EXAMPLEKEY\n", encoding="utf-8")
+    ckpt = _checkpoint_with_new_tokens(tiny_model_dir, tmp_path, str(secret), holds=True)
+    main(["export", f"--ckpt_path={ckpt}", f"--output_dir={tmp_path / 'out'}"])
+    exported = AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert "好评如潮" in exported.get_vocab()
+    assert not any("EXAMPLEKEY" in token for token in exported.get_vocab())
+    assert "EXAMPLEKEY" not in "".join(p.read_text(errors="ignore") for p in (tmp_path / "out").iterdir())
+
+    older = _checkpoint_with_new_tokens(tiny_model_dir, tmp_path / "older", str(secret), holds=False)
+    line = fails_with(["export", f"--ckpt_path={older}", f"--output_dir={tmp_path / 'out2'}"], capsys)
+    assert "does not hold its tokens" in line and "never read" in line, line
+    assert not (tmp_path / "out2").exists()
