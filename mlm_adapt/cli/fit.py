@@ -9,6 +9,7 @@ import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, DeviceStatsMonitor, LearningRateMonitor, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from typing_extensions import override
 
@@ -17,6 +18,7 @@ from mlm_adapt.data import MLMDataModule
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
+from mlm_adapt.guard.model_size import check_trainer_fits
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.model.checkpoints import callback_state, checkpoint_metadata
 from mlm_adapt.training import default_callbacks
@@ -115,10 +117,28 @@ class MLMAdaptCLI(LightningCLI):
             raise MLMAdaptError(conflict_message(ckpt_path, conflicts))
         return saved
 
+    def _check_device_memory(self, training: bool) -> None:
+        """Refuses, before the data is prepared, a model the trainer's device cannot hold (the model itself
+        was checked against RAM before it was allocated). Sharding strategies hold a share per device, so
+        only single-device and DDP runs are checked."""
+        strategy = self.trainer.strategy
+        whole = isinstance(strategy, (SingleDeviceStrategy, DDPStrategy))
+        if not whole or isinstance(strategy, DeepSpeedStrategy):
+            return
+        check_trainer_fits(
+            self.model.model,
+            self.model.hparams.model_name_or_path,
+            "model.model_name_or_path",
+            strategy.root_device,
+            str(self.trainer.precision),
+            training,
+        )
+
     def before_fit(self) -> None:
         """Resuming: refuses changed fixed settings (any checkpoint path, ``last`` or explicit) and a
         non-weights-only load before anything is written; the corpus is compared by ``ResumeCheck`` once
         the data is set up, and the CSV log is continued only when the resume is accepted."""
+        self._check_device_memory(training=True)
         saved = self._check_checkpoint(tuple(FIXED_SETTINGS))
         if saved is None:
             return
@@ -130,10 +150,12 @@ class MLMAdaptCLI(LightningCLI):
 
     def before_validate(self) -> None:
         """Refuses a checkpoint of another model or vocabulary (one line, not a state-dict traceback)."""
+        self._check_device_memory(training=False)
         self._check_checkpoint(WEIGHT_SETTINGS)
 
     def before_test(self) -> None:
         """As :meth:`before_validate`."""
+        self._check_device_memory(training=False)
         self._check_checkpoint(WEIGHT_SETTINGS)
 
     def after_fit(self) -> None:

@@ -6,7 +6,8 @@ otherwise ask on stdin, and accept a piped ``y``, before running a directory's `
 directory is checked first, so each failure is one line naming the file and the reason: no
 ``config.json``, no tokenizer files, ``auto_map`` code, a ``pytorch_model.bin`` that needs more than
 weights-only unpickling (transformers would say to retry with ``weights_only=False``), a safetensors file
-whose header does not fit it.
+whose header does not fit it, weights whose shapes disagree with ``config.json``, and a model too large
+for the memory free (:mod:`mlm_adapt.guard.model_size`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from transformers import (
 
 from mlm_adapt.errors import MLMAdaptError, check_model_path
 from mlm_adapt.guard.loads import check_safetensors, load_weights_only
+from mlm_adapt.guard.model_size import check_masked_lm
 
 TRUST_REMOTE_CODE = False
 # Files that hold a tokenizer's vocabulary (one is enough; tokenizer_config.json alone is not).
@@ -119,12 +121,20 @@ def pretrained_config(name: str, key: str) -> PretrainedConfig:
         raise MLMAdaptError(f"{key}: cannot load a model config from {name!r}: {_one_line(exc)}") from None
 
 
-def pretrained_masked_lm(name: str, key: str, **kwargs: Any) -> PreTrainedModel:
-    """``AutoModelForMaskedLM.from_pretrained`` without code, after checking the weight files.
+def pretrained_masked_lm(name: str, key: str, training: bool = False, **kwargs: Any) -> PreTrainedModel:
+    """``AutoModelForMaskedLM.from_pretrained`` without code, after checking the weight files and the size.
 
     A ``ValueError`` other than a refused file is left to the caller (an architecture without an MLM head).
+
+    Args:
+        name: Hub name or local directory.
+        key: The setting that named it (the messages start with it).
+        training: Its gradients and AdamW's moments must fit in RAM too, not only its parameters.
+        **kwargs: For ``from_pretrained`` (``config``: the already loaded config).
     """
     _check_local(name, key, check_config_dir, check_weight_files)
+    config = kwargs.get("config") or pretrained_config(name, key)
+    check_masked_lm(config, name, key, pretrained=True, training=training)
     try:
         return AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=TRUST_REMOTE_CODE, **kwargs)
     except (OSError, ValueError) as exc:

@@ -10,6 +10,7 @@ from transformers import AutoModelForMaskedLM, PreTrainedModel, PreTrainedTokeni
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
 
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.guard.model_size import check_masked_lm
 from mlm_adapt.guard.pretrained import TRUST_REMOTE_CODE, pretrained_config, pretrained_masked_lm
 from mlm_adapt.text.tokenizer import extend_tokenizer
 
@@ -20,6 +21,9 @@ def load_masked_lm(
     model_name_or_path: str, pretrained: bool = True, attn_implementation: str | None = "sdpa"
 ) -> PreTrainedModel:
     """Loads a masked-LM, refusing decoder and causal-LM checkpoints with a one-line reason.
+
+    Before anything is allocated, its size is checked against the free RAM (the whole training state when
+    no GPU is visible, else the parameters) and a local directory's weights against its ``config.json``.
 
     Args:
         model_name_or_path: Hub name or local directory.
@@ -44,11 +48,19 @@ def load_masked_lm(
             f"model.attn_implementation: {config.model_type} has no SDPA attention; using its default instead"
         )
         attn_implementation = None
+    # Without a GPU the whole training state lives in RAM; with one, the trainer's device is checked later
+    # (before_fit), once it is known.
+    training = not torch.cuda.is_available()
     try:
         if pretrained:
             return pretrained_masked_lm(
-                model_name_or_path, key, config=config, attn_implementation=attn_implementation
+                model_name_or_path,
+                key,
+                training=training,
+                config=config,
+                attn_implementation=attn_implementation,
             )
+        check_masked_lm(config, model_name_or_path, key, pretrained=False, training=training)
         return AutoModelForMaskedLM.from_config(
             config, attn_implementation=attn_implementation, trust_remote_code=TRUST_REMOTE_CODE
         )

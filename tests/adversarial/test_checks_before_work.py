@@ -1,19 +1,26 @@
 """Everything checkable is checked before work: the Hub repository id, ``export.monitor`` against what the
-run logs, a fit that trains no step. Each case is refused with one ``mlm_adapt: error:`` line, exit 2,
-before any step, checkpoint or export is written."""
+run logs, a fit that trains no step, a model too large for the memory free or whose weights disagree with
+its config.json. Each case is refused with one ``mlm_adapt: error:`` line, exit 2, before any step,
+checkpoint or export is written."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
+import time
 from pathlib import Path
 
 import lightning as L
 import pytest
 from conftest import tiny_fit_args
+from families import family_dir
 
 from mlm_adapt.cli.commands import main
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.options import check_repo_id
 from mlm_adapt.export.preflight import check_monitor, check_trains, logged_metrics
+from mlm_adapt.guard import model_size
 
 
 def run_main(args: list[str], capsys) -> tuple[int, list[str]]:
@@ -144,3 +151,82 @@ def test_fit_max_steps_0_exports_nothing(tiny_model_dir, corpus, tmp_path, capsy
     assert code == 2 and len(lines) == 1
     assert lines[0].startswith("mlm_adapt: error: trainer.max_steps=0 trains no step")
     assert not (root / "export").exists()
+
+
+# ---------------------------------------------------------------- model sizes and model directories
+
+
+def _edited_copy(source: Path, target: Path, **changes) -> Path:
+    """A copy of a model directory whose config.json says ``changes`` (its weights stay as they were)."""
+    shutil.copytree(source, target)
+    path = target / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**config, **changes}), encoding="utf-8")
+    return target
+
+
+MODEL_DIR_CASES = {
+    # name: (family, config.json changes, extra flags, what the line says)
+    "bert_absurd_vocab_random_init": (
+        "bert",
+        {"vocab_size": 1_000_000_000, "hidden_size": 768, "intermediate_size": 3072},
+        ["--model.pretrained=false"],
+        "B parameters (vocab_size 1000000000, hidden_size 768",
+    ),
+    "modernbert_absurd_width_random_init": (
+        "modernbert",
+        {"hidden_size": 65_536, "num_attention_heads": 64, "intermediate_size": 262_144},
+        ["--model.pretrained=false"],
+        "config.json describes ",
+    ),
+    "bert_absurd_depth_pretrained": (
+        "bert",
+        {"num_hidden_layers": 1_000_000, "hidden_size": 768, "intermediate_size": 3072},
+        [],
+        "config.json describes ",
+    ),
+    "bert_config_vocab_edited": ("bert", {"vocab_size": 4321}, [], "model.safetensors and "),
+    "xlmr_config_width_edited": ("xlmr", {"hidden_size": 48}, [], "model.safetensors and "),
+}
+
+
+@pytest.mark.parametrize("case", list(MODEL_DIR_CASES), ids=list(MODEL_DIR_CASES))
+def test_fit_refuses_a_model_dir_before_work(case, corpus, tmp_path, capsys):
+    family, changes, extra, expected = MODEL_DIR_CASES[case]
+    model_dir = _edited_copy(family_dir(family), tmp_path / "model", **changes)
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(model_dir.iterdir())}
+    root = tmp_path / "run"
+    started = time.monotonic()
+    code, lines = run_main(fit_args(model_dir, corpus, root, *extra), capsys)
+    assert code == 2 and len(lines) == 1, lines
+    assert (
+        lines[0].startswith(f"mlm_adapt: error: model.model_name_or_path: {model_dir}")
+        and expected in lines[0]
+    )
+    if expected.startswith("model.safetensors"):  # both files named, then the tensor and its two shapes
+        assert "config.json disagree: tensor '" in lines[0] and "in the weights but [" in lines[0]
+    assert time.monotonic() - started < 30
+    assert written(root) == [] and not (root / "hf_cache").exists()  # no dataset prepared
+    assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(model_dir.iterdir())} == before
+
+
+def test_fit_refuses_a_model_the_memory_left_at_fit_cannot_train(
+    tiny_model_dir, corpus, tmp_path, capsys, monkeypatch
+):
+    """The load fits, but by the time the trainer exists less is free than training needs: refused before
+    the data is prepared."""
+    calls = []
+
+    def shrinking(device="cpu"):
+        calls.append(device)
+        return 10**12 if len(calls) == 1 else 1000
+
+    monkeypatch.setattr(model_size, "available_memory", shrinking)
+    root = tmp_path / "run"
+    code, lines = run_main(fit_args(tiny_model_dir, corpus, root), capsys)
+    assert code == 2 and len(lines) == 1 and len(calls) == 2
+    assert (
+        "training them in float32 needs ~0.0 GB" in lines[0]
+        and "this machine has 0.0 GB available" in lines[0]
+    )
+    assert not (root / "hf_cache").exists()
