@@ -124,6 +124,13 @@ class PkusegSegmenter(_LazyModel):
         home = Path(os.environ.get("PKUSEG_HOME") or Path.home() / ".pkuseg")
         for candidate in (Path(model).expanduser(), home / model):
             if (candidate / "weights.npz").is_file():
+                if not (candidate / "features.msgpack").is_file() and (candidate / "features.pkl").exists():
+                    # spacy-pkuseg falls back to pickle.load for it: loading the model would run its code.
+                    raise MLMAdaptError(
+                        f"data.segmenter: pkuseg model {candidate} has features.pkl and no features.msgpack; "
+                        "spacy-pkuseg would unpickle it, which can run any code, so mlm_adapt refuses it: "
+                        "use a model saved by a current spacy-pkuseg (features.msgpack)"
+                    )
                 return candidate.resolve()
         raise MLMAdaptError(
             f"data.segmenter: pkuseg model {model!r} is neither a directory with weights.npz nor a model "

