@@ -8,6 +8,7 @@ imports it): their exception classes are recognised by name.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import re
@@ -43,6 +44,38 @@ class Interrupted(KeyboardInterrupt):
     Any other ``KeyboardInterrupt`` (or ``SystemExit``) that reaches a boundary of user code -- a segmenter,
     a library it wraps -- was raised by that code: a failure of it, reported as such, never a stop.
     """
+
+
+class Stopped(SystemExit):
+    """The exit a stop signal raises outside training (SIGTERM, SIGUSR1): ``128 + signal``.
+
+    Like :class:`Interrupted`, it passes every boundary of user code as the stop it is.
+    """
+
+
+def raised(exc: BaseException) -> str:
+    """What code did, for a message: ``called exit(0)``, ``raised KeyboardInterrupt``, ``raised X: msg``."""
+    if isinstance(exc, SystemExit):
+        return f"called exit({exc.code!r})"
+    message = _first_line(str(exc))
+    return f"raised {type(exc).__name__}" + (f": {message}" if message else "")
+
+
+@contextlib.contextmanager
+def user_code(who: str, hint: str) -> Iterator[None]:
+    """The boundary around user code (a class-path callback's hook, a task type's reader).
+
+    A ``SystemExit``, ``KeyboardInterrupt`` or any other ``BaseException`` it raises is a failure of that
+    code, never a stop or a success: one :class:`MLMAdaptError` "``who`` called exit(0); ``hint``" (status
+    2). A stop signal's own exceptions (:class:`Interrupted`, :class:`Stopped`) pass as they are, and so
+    does every ``Exception`` (an error of the user's code keeps its traceback: that is its bug report).
+    """
+    try:
+        yield
+    except (Exception, Interrupted, Stopped, GeneratorExit):
+        raise
+    except BaseException as exc:
+        raise MLMAdaptError(f"{who} {raised(exc)}; {hint}") from None
 
 
 def debug_enabled() -> bool:

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import mlm_adapt
@@ -125,3 +126,37 @@ def run_command(
     process = CliProcess(args, cwd, env, code)
     out, err = process.communicate(timeout)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes ``pid`` started that are still its children (Linux ``/proc``; none elsewhere)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def descendant_pids(pid: int) -> list[int]:
+    """Every process below ``pid``: its children, theirs, and so on."""
+    found, todo = [], [pid]
+    while todo:
+        below = child_pids(todo.pop())
+        found += below
+        todo += below
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, waiting to be reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pids: list[int], seconds: float = 10) -> list[int]:
+    """Waits up to ``seconds`` for ``pids`` to end; returns those still alive."""
+    deadline = time.monotonic() + seconds
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]

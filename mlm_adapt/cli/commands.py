@@ -37,6 +37,7 @@ from mlm_adapt.errors import (
     parser_message,
     user_message,
 )
+from mlm_adapt.guard.outputs import forget_published, missing_published
 from mlm_adapt.guard.yaml_limits import bounded_loader
 from mlm_adapt.training.signals import STOP, install_stop_handlers, stop_now
 
@@ -128,6 +129,7 @@ def _run(entry: Callable[[list[str]], object], args: list[str], usage: str) -> N
     # Every command starts with no signal recorded, whatever an earlier command in this process received
     # (several commands run in one process from Python, or in a test session).
     STOP.reset()
+    forget_published()
     command = usage or "mlm_adapt"
     with stop_signals():
         try:
@@ -149,6 +151,20 @@ def _run(entry: Callable[[list[str]], object], args: list[str], usage: str) -> N
             _stopped(command)
         if STOP.signum is not None:  # a signal during the export after training, say
             _stopped(command)
+        _check_published(command)
+
+
+def _check_published(command: str) -> None:
+    """Exit 0 only when what the command published is there: its manifest or export marker."""
+    missing = missing_published()
+    if missing:
+        output, proof = missing[0]
+        print(
+            f"mlm_adapt: error: {command} published {output}, but its {proof.name} is missing; nothing there "
+            "can be trusted: remove it and run the same command again",
+            file=sys.stderr,
+        )
+        sys.exit(1)
 
 
 def _report_user_errors(entry: Callable[[list[str]], object], args: list[str], usage: str) -> None:

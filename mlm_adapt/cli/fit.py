@@ -33,6 +33,7 @@ from mlm_adapt.training.resume_lookup import (
     resume_conflicts,
     root_loggers,
 )
+from mlm_adapt.training.user_callbacks import guard_user_callbacks
 
 EVALUATION_COMMANDS = ("validate", "test")
 
@@ -173,7 +174,9 @@ class MLMAdaptCLI(LightningCLI):
             progress_bar=trainer_config.get("enable_progress_bar") is not False,
             logger=trainer_config.get("logger") not in (False, []),
         )
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        guard_user_callbacks(trainer.callbacks)  # their exit() or KeyboardInterrupt is their failure
+        return trainer
 
 
 @rank_zero_only

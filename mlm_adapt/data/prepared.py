@@ -50,6 +50,7 @@ from mlm_adapt.data.prepared_manifest import (
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError, exception_line
 from mlm_adapt.guard.locks import locked
+from mlm_adapt.guard.outputs import record_published
 
 # Shard counts are divisors of 192 = 2^6 * 3: a full 192 shards split evenly over any world_size x
 # num_workers product of 1, 2, 4, 8 GPUs per node times 1-8 nodes with 1, 2, 3, 4, 6 or 8 loader
@@ -247,6 +248,7 @@ def prepare_corpus(
             with contextlib.suppress(FileNotFoundError):
                 target.rmdir()  # an empty directory made beforehand (os.rename replaces only empty ones)
             os.rename(staging, target)
+            record_published(target, target / "manifest.json")
         except BaseException:
             _remove(staging)  # a crash or Ctrl-C leaves nothing; a kill leaves staging for the next run
             raise

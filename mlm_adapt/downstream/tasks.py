@@ -15,7 +15,7 @@ import datasets
 
 from mlm_adapt.downstream.spec import DownstreamTask, TaskSplit, task_key
 from mlm_adapt.downstream.types import TaskType, task_type
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import MLMAdaptError, user_code
 from mlm_adapt.text.corpus import BUILDERS, empty_file_error, encoding_error, expand_files
 
 # Task names become metric names (downstream/<name>/f1), log lines and model-card table cells.
@@ -98,6 +98,15 @@ def load_table(
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
+READER_HINT = "a task type returns its examples or raises an error, never exits"
+
+
+def _reader(kind: TaskType, index: int, method: str) -> str:
+    """The task type's method, as messages name it (a registered type may be the user's code)."""
+    cls = type(kind)
+    return f"downstream.tasks[{index}].type: {kind.name} ({cls.__module__}.{cls.__qualname__}.{method})"
+
+
 def _load_split(
     task: DownstreamTask, kind: TaskType, index: int, split: str, cache_dir: str | None
 ) -> tuple[TaskSplit, list]:
@@ -106,7 +115,8 @@ def _load_split(
     table = load_table(files, files_key, kind.columns(task), f"downstream.tasks[{index}].", cache_dir)
     if len(table) == 0:
         raise MLMAdaptError(f"{files_key}: {', '.join(files)} holds no examples")
-    return kind.read(table, task, index, ", ".join(files))
+    with user_code(_reader(kind, index, "read"), READER_HINT):
+        return kind.read(table, task, index, ", ".join(files))
 
 
 def load_task(entry: DownstreamTask | dict[str, Any], index: int, cache_dir: str | None = None) -> LoadedTask:
@@ -121,5 +131,6 @@ def load_task(entry: DownstreamTask | dict[str, Any], index: int, cache_dir: str
     kind = task_type(task.type, index)
     train, train_raw = _load_split(task, kind, index, "train", cache_dir)
     test, test_raw = _load_split(task, kind, index, "test", cache_dir)
-    names, train.labels, test.labels = kind.targets(train_raw, test_raw, index, task)
+    with user_code(_reader(kind, index, "targets"), READER_HINT):
+        names, train.labels, test.labels = kind.targets(train_raw, test_raw, index, task)
     return LoadedTask(task=task, kind=kind, label_names=names, train=train, test=test)

@@ -103,7 +103,11 @@ def _open_lock(path: Path, key: str, shown: str) -> int:
 
 
 def _claim(fd: int, path: Path, key: str, shown: str) -> None:
-    """Refuses a lock file holding anything but a lock record, then writes ours."""
+    """Refuses a lock file holding anything but a lock record, then writes ours.
+
+    A record there is a dead owner's (we hold the ``flock``, and an owner that releases removes the file):
+    killed, or its machine gone. Its lock is taken over with one line saying whose it was.
+    """
     with os.fdopen(os.dup(fd), "r+", encoding="utf-8") as handle:
         text = handle.read()
         if text.strip():
@@ -115,6 +119,13 @@ def _claim(fd: int, path: Path, key: str, shown: str) -> None:
                 raise MLMAdaptError(
                     f"{key}: {path} exists and is not an mlm_adapt lock file; move it away to write {shown}"
                 )
+            owner = _holder(path) or " (owner unknown)"
+            print(
+                f"mlm_adapt: taking over the lock {path} of {shown}: its owner{owner} is gone (killed before "
+                "it released the lock)",
+                file=sys.stderr,
+                flush=True,
+            )
         handle.seek(0)
         handle.truncate()
         handle.write(json.dumps({"format": _LOCK_FORMAT, **owner_record()}) + "\n")

@@ -40,6 +40,23 @@ from mlm_adapt.guard.staging import (
 
 MARKER = ".mlm_adapt-export.json"
 _MARKER_FORMAT = "mlm_adapt export"
+# What this command published, each with the file that proves it complete (the CLI checks them at exit).
+_published: list[tuple[Path, Path]] = []
+
+
+def record_published(output: Path, proof: Path) -> None:
+    """Notes that ``output`` was published; ``proof`` (its manifest or marker) must exist at exit."""
+    _published.append((output, proof))
+
+
+def forget_published() -> None:
+    """A new command: nothing published yet."""
+    _published.clear()
+
+
+def missing_published() -> list[tuple[Path, Path]]:
+    """What this command published whose proof is not there: a command must not report it as success."""
+    return [(output, proof) for output, proof in _published if not proof.is_file()]
 
 
 @dataclass(frozen=True)
@@ -251,6 +268,7 @@ def write_directory(
                         os.rename(staging.backup, real)
                     raise
                 fsync_dir(real.parent)
+                record_published(real, real / MARKER)
         finally:
             staging.remove()
 

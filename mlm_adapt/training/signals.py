@@ -35,8 +35,11 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
+
+from mlm_adapt.errors import Stopped
 
 
 class StopState:
@@ -59,10 +62,22 @@ class StopState:
     def summary(self, command: str = "fit") -> str:
         """One line for the user: the command, which signal, what was kept, and how to continue."""
         name = signal.Signals(self.signum or signal.SIGTERM).name
+        if self.checkpoint is not None and not Path(self.checkpoint).is_file():
+            # Never name a checkpoint that is not there (a save that did not write, a file removed since).
+            return (
+                f"{command} stopped by {name} at step {self.step}, but its checkpoint {self.checkpoint} is "
+                "missing; continue from an earlier checkpoint (--ckpt_path) or run the same command again"
+            )
         if self.checkpoint is not None:
             return (
                 f"{command} stopped by {name}: saved {self.checkpoint} at step {self.step}; continue with "
                 "--ckpt_path last (same config)"
+            )
+        if command == "fit" and self.step is not None:  # Ctrl-C in training: Lightning stopped at once
+            return (
+                f"fit stopped by {name} at step {self.step}; this stop wrote no checkpoint (SIGTERM writes "
+                "one first); run the same command again, or continue from a checkpoint the run saved with "
+                "--ckpt_path last"
             )
         if command == "fit":
             return f"fit stopped by {name} outside the training steps; no checkpoint written by this run"
@@ -98,7 +113,7 @@ def stop_now(signum: int, _frame: FrameType | None) -> None:
     # Outside training (parsing, data preparation, export) there is no step to finish: stop at once, with
     # the same status as during training.
     _record(signum, _frame)
-    raise SystemExit(STOP.exit_code)
+    raise Stopped(STOP.exit_code)
 
 
 def install_stop_handlers(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
@@ -152,6 +167,23 @@ class StopOnSignal(L.Callback):
         for signum, handler in self._previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
+
+    @override
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        # Ctrl-C (or a signal that raised) while training or validating inside fit: the step it stopped at.
+        stage = trainer.state.stage
+        if (
+            STOP.signum is not None
+            and STOP.checkpoint is None
+            and stage
+            in (
+                RunningStage.TRAINING,
+                RunningStage.VALIDATING,
+            )
+        ):
+            STOP.step = trainer.global_step
 
     @override
     def on_train_batch_start(

