@@ -57,7 +57,7 @@ def plot_metrics(metrics_csv: str | Path, output: str | Path | Output, title: st
     """
     output = output if isinstance(output, Output) else Output(output, key="--output", directory=False)
     inputs = {**output.inputs, "run_dir": [metrics_csv]}
-    output = Output(output.path, output.key, directory=False, inputs=inputs)
+    output = Output(output.path, output.key, directory=False, inputs=inputs, follow_link=output.follow_link)
     real = check_output(output)  # before any work: never onto the log it reads
     image = image_format(output.path, output.key)
     # Heavy and only needed here; the backend must be chosen before pyplot is imported.
@@ -115,7 +115,11 @@ def plot(run_dir: str, output: str | None = None, title: str | None = None) -> N
         title: Figure title.
     """
     metrics = find_metrics(run_dir)
-    target = Output(output or metrics.parent / "curves.png", key="--output", directory=False)
+    # A path the user gives is theirs to point anywhere; the default one lies in a run directory others may
+    # write to, so a link planted there is replaced by the image, never written through.
+    target = Output(
+        output or metrics.parent / "curves.png", key="--output", directory=False, follow_link=bool(output)
+    )
     plot_metrics(metrics, target, title)
     print(f"wrote {target.path}")
 

@@ -30,6 +30,18 @@ def test_fit_logs_word_accuracy_and_plot_draws_it(tiny_model_dir, corpus_file, t
     assert (tmp_path / "curves.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_plot_replaces_a_link_planted_at_its_default_output(tmp_path):
+    """The default curves.png lies in a run directory: a link there is replaced, never written through."""
+    (tmp_path / "metrics.csv").write_text("step,train/loss\n1,5.0\n2,4.0\n", encoding="utf-8")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file\n", encoding="utf-8")
+    (tmp_path / "curves.png").symlink_to(victim)
+    plot_main([str(tmp_path / "metrics.csv")])
+    assert victim.read_text(encoding="utf-8") == "the user's file\n"
+    assert not (tmp_path / "curves.png").is_symlink()
+    assert (tmp_path / "curves.png").read_bytes()[:8] == PNG_MAGIC
+
+
 def test_vocab_command_reports_and_writes(tiny_model_dir, corpus_file, tmp_path, capsys):
     out_dict, out_tokens = tmp_path / "user_dict.txt", tmp_path / "new_tokens.txt"
     main(
