@@ -10,6 +10,7 @@ import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
 from mlm_adapt.masking.schedule import parse_schedule
+from mlm_adapt.masking.units import SCHEME_DESCRIPTIONS
 from mlm_adapt.model.metrics import before_after_names, validation_prefix
 
 CONFIG_FILENAME = "training_config.yaml"
@@ -75,7 +76,7 @@ def _is_hub_id(name: str) -> bool:
 
 
 # Card rows whose string values are shown as they are (not formatted as numbers).
-_VERBATIM = ("masking", "validation data", "mlm_probability")
+_VERBATIM = ("training data", "masking", "validation data", "mlm_probability")
 
 
 def _masking_rate(value: Any) -> str | None:
@@ -144,11 +145,12 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         base_model=base if _is_hub_id(base) else None,  # the Hub only accepts repository ids here
     )
     target = info.repo_id or title
+    scheme, unit = SCHEME_DESCRIPTIONS.get(str(data.get("masking") or "whole_word"), ("masking", "unknown"))
     lines = [
         f"# {title}",
         "",
-        f"`{base}` adapted to domain text by continued masked-language-model pretraining with Chinese "
-        "whole-word masking (mlm_adapt, PyTorch Lightning).",
+        f"`{base}` adapted to domain text by continued masked-language-model pretraining with {scheme} "
+        "(mlm_adapt, PyTorch Lightning).",
         "",
         "## Usage",
         "",
@@ -180,10 +182,12 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     else:
         lines.append("No validation metrics were recorded for this checkpoint.")
     files = data.get("train_files") or ([data["dataset_name"]] if data.get("dataset_name") else [])
+    if data.get("prepared_dir"):  # the run read only the directory, whatever train_files said
+        files = f"the prepared directory `{data['prepared_dir']}` (`python -m mlm_adapt prepare`)"
     corpus = [("training data", files), ("validation data", _validation_data(data))]
     corpus += [(k.replace("_", " "), v) for k, v in info.corpus_stats.items()]
     masking = [
-        ("masking", "whole-word masking (all tokens of a segmented word are masked together)"),
+        ("masking", f"{scheme} ({unit}); validation masks whole words whatever the training scheme"),
         ("segmenter", data.get("segmenter")),
         ("segmented through OpenCC", data.get("opencc")),  # Traditional text, Simplified segmentation
         ("jieba HMM", data.get("hmm")),

@@ -21,6 +21,15 @@ import torch
 from mlm_adapt.masking.hashing import derive_keys, uniform
 
 MaskingScheme = Literal["whole_word", "ngram", "token"]
+# What each scheme masks together, in the words a model card uses (short name, then the unit).
+SCHEME_DESCRIPTIONS: dict[str, tuple[str, str]] = {
+    "whole_word": ("Chinese whole-word masking", "all tokens of a segmented word are masked together"),
+    "ngram": (
+        "Chinese n-gram whole-word masking",
+        "spans of 1-4 whole segmented words (40/30/20/10%) are masked together, MacBERT-style",
+    ),
+    "token": ("token-level masking", "every token is masked on its own (character masking for Chinese)"),
+}
 
 # MacBERT's n-gram length distribution for n = 1, 2, 3, 4.
 NGRAM_PROBABILITIES = (0.4, 0.3, 0.2, 0.1)
