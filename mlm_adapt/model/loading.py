@@ -73,6 +73,28 @@ def load_masked_lm(
         raise
 
 
+def position_limit(model: PreTrainedModel) -> tuple[int | None, str]:
+    """The longest sequence ``model``'s own position table can index, and how that was found.
+
+    BERT-style tables index positions ``0..rows-1``; RoBERTa-style ones (XLM-R, CamemBERT: embeddings with a
+    ``padding_idx``) number positions from ``padding_idx + 1``, so ``max_position_embeddings`` 514 holds 512
+    tokens. Rotary or relative positions (ModernBERT, DeBERTa-v2) have no table: the config's nominal value.
+    """
+    nominal = getattr(model.config, "max_position_embeddings", None)
+    base = getattr(model, getattr(model, "base_model_prefix", ""), model)
+    embeddings = getattr(base, "embeddings", None)
+    table = getattr(embeddings, "position_embeddings", None)
+    if not isinstance(table, torch.nn.Embedding):
+        return nominal, "max_position_embeddings in its config"
+    offset = getattr(embeddings, "padding_idx", None)
+    if isinstance(offset, int) and not isinstance(offset, bool):
+        return (
+            table.num_embeddings - offset - 1,
+            f"its position table has {table.num_embeddings} rows, positions start after padding_idx {offset}",
+        )
+    return table.num_embeddings, f"its position table has {table.num_embeddings} rows"
+
+
 def extend_embeddings(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tokens: Sequence[str]
 ) -> list[str]:

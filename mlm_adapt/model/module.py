@@ -20,7 +20,12 @@ from typing_extensions import override
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.documents import check_document_attention, document_inputs
 from mlm_adapt.model.heads import split_head
-from mlm_adapt.model.loading import enable_gradient_checkpointing, extend_embeddings, load_masked_lm
+from mlm_adapt.model.loading import (
+    enable_gradient_checkpointing,
+    extend_embeddings,
+    load_masked_lm,
+    position_limit,
+)
 from mlm_adapt.model.metrics import WordAccuracy, validation_prefix, word_keys
 from mlm_adapt.model.throughput import MLMThroughputMonitor, mlm_flops
 from mlm_adapt.text.tokenizer import load_tokenizer, read_new_tokens
@@ -122,11 +127,11 @@ class MaskedLMModule(L.LightningModule):
         self.optimizer = optimizer
         # from_pretrained returns the model in eval mode; Lightning expects train mode at fit start.
         self.model = load_masked_lm(model_name_or_path, pretrained, attn_implementation).train()
-        limit = getattr(self.model.config, "max_position_embeddings", None)
+        limit, found = position_limit(self.model)
         if limit is not None and max_seq_length > limit:
             raise MLMAdaptError(
                 f"model.max_seq_length={max_seq_length} exceeds the position limit {limit} of "
-                f"{model_name_or_path!r}; set it to {limit} or less"
+                f"{model_name_or_path!r} ({found}); set it to {limit} or less"
             )
         self.mask_token_id: int | None = None
         # The tokens themselves go into every checkpoint: what the checkpoint is read back with never

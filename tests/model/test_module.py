@@ -124,3 +124,19 @@ def test_pinned_loss_regression(tiny_model_dir, corpus_file, tmp_path):
 
 # Measured with torch 2.13 CPU; update deliberately (and say why) when data/masking/loss semantics change.
 PINNED_LOSSES = [7.3744, 7.3612, 7.3416, 7.3274, 7.3524]
+
+
+@pytest.mark.parametrize("family", ["bert", "xlmr", "modernbert"])
+def test_position_limit_is_what_the_model_can_index(family):
+    """XLM-R numbers positions after its padding index: its config's 130 positions hold 128 tokens."""
+    import torch
+    from families import MAX_POSITIONS, family_dir
+
+    model_dir = family_dir(family)
+    module = MaskedLMModule(str(model_dir), max_seq_length=MAX_POSITIONS)
+    ids = torch.full((1, MAX_POSITIONS), 5)
+    assert module.model(input_ids=ids).logits.shape[1] == MAX_POSITIONS  # the longest accepted one runs
+    nominal = module.model.config.max_position_embeddings
+    if nominal > MAX_POSITIONS:  # RoBERTa-style: the nominal value would overflow the table
+        with pytest.raises(MLMAdaptError, match=f"exceeds the position limit {MAX_POSITIONS} .*padding_idx"):
+            MaskedLMModule(str(model_dir), max_seq_length=nominal)
