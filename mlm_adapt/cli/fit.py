@@ -89,7 +89,11 @@ class MLMAdaptCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         # Before the loggers exist: `last` must name the killed run's checkpoint and its logger version;
         # validate/test look it up the same way (and keep a logger version of their own).
-        root_loggers((self.config[self.subcommand] if self.subcommand else self.config).trainer)
+        trainer = (self.config[self.subcommand] if self.subcommand else self.config).trainer
+        accumulate = trainer.get("accumulate_grad_batches")
+        if isinstance(accumulate, int) and accumulate < 1:  # Lightning accepts it, then divides by it
+            raise MLMAdaptError(f"trainer.accumulate_grad_batches={accumulate} must be at least 1")
+        root_loggers(trainer)
         if self.subcommand == "fit":
             resolve_resume(self.config.fit)
         elif self.subcommand in EVALUATION_COMMANDS:

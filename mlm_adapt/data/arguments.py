@@ -19,7 +19,14 @@ def check_arguments(hp: Any) -> None:
             f"model.max_seq_length={hp.max_seq_length} is too short (data.max_seq_length when the "
             "datamodule is used alone); use at least 8 (e.g. 512)"
         )
-    sizes = {"batch_size": 1, "eval_batch_size": 1, "num_workers": 0, "preprocessing_num_workers": 1}
+    sizes = {
+        "batch_size": 1,
+        "eval_batch_size": 1,
+        "num_workers": 0,
+        "preprocessing_num_workers": 1,
+        "pad_to_multiple_of": 1,
+        "shuffle_buffer_size": 0,  # 0 and 1: no shuffle buffer
+    }
     for key, least in sizes.items():  # torch and datasets would refuse them only after preprocessing
         if hp[key] is not None and hp[key] < least:
             raise MLMAdaptError(f"data.{key}={hp[key]} must be at least {least}")

@@ -230,3 +230,28 @@ def test_fit_refuses_a_model_the_memory_left_at_fit_cannot_train(
         and "this machine has 0.0 GB available" in lines[0]
     )
     assert not (root / "hf_cache").exists()
+
+
+# ---------------------------------------------------------------- numeric settings
+
+# Values a library accepts and then divides by, or silently reads as another value.
+NUMERIC_CASES = {
+    "accumulate_grad_batches_0": ("--trainer.accumulate_grad_batches=0", "must be at least 1"),
+    "pad_to_multiple_of_0": ("--data.pad_to_multiple_of=0", "data.pad_to_multiple_of=0 must be at least 1"),
+    "pad_to_multiple_of_negative": ("--data.pad_to_multiple_of=-8", "data.pad_to_multiple_of=-8 must be"),
+    "shuffle_buffer_negative": ("--data.shuffle_buffer_size=-1", "data.shuffle_buffer_size=-1 must be"),
+    "warmup_nan": ("--model.warmup=nan", 'Parser key "model.warmup"'),
+    "mlm_probability_inf": ("--data.mlm_probability=inf", 'Parser key "data.mlm_probability"'),
+    "lr_nan": ("--model.optimizer=torch.optim.AdamW --model.optimizer.lr=nan", "lr"),
+}
+
+
+@pytest.mark.parametrize("case", list(NUMERIC_CASES), ids=list(NUMERIC_CASES))
+def test_fit_refuses_a_numeric_setting_out_of_range_before_work(
+    case, tiny_model_dir, corpus, tmp_path, capsys
+):
+    setting, expected = NUMERIC_CASES[case]
+    root = tmp_path / "run"
+    code, lines = run_main(fit_args(tiny_model_dir, corpus, root, *setting.split()), capsys)
+    assert code == 2 and len(lines) == 1 and expected in lines[0], lines
+    assert written(root) == []
