@@ -9,7 +9,7 @@ from mlm_adapt.data import MLMDataModule
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.model import MaskedLMModule
-from mlm_adapt.text.segment import Segmenter
+from mlm_adapt.text.segmentation import Segmenter
 
 __all__ = ["MLMAdaptError", "MLMDataModule", "MaskedLMModule", "Segmenter", "WholeWordMaskCollator"]
 __version__ = "0.2.0"

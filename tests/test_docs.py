@@ -43,12 +43,12 @@ def test_every_named_path_exists(document):
 def test_the_check_finds_paths_and_links(tmp_path):
     document = tmp_path / "doc.md"
     document.write_text(
-        "See `mlm_adapt/text/segment.py`, tests/test_docs.py, [results](results.md#table), "
+        "See `mlm_adapt/text/segmentation.py`, tests/test_docs.py, [results](results.md#table), "
         "`mlm_adapt/cli/<name>.py`, `.cache/demo/reviews/*.txt` and https://example.org/docs/x.md.\n",
         encoding="utf-8",
     )
     assert {written for written, _ in named_paths(document)} == {
-        "mlm_adapt/text/segment.py",
+        "mlm_adapt/text/segmentation.py",
         "tests/test_docs.py",
         "results.md",
     }

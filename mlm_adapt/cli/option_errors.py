@@ -19,6 +19,8 @@ from mlm_adapt.text.segmentation import BUILTIN_NAMES
 
 _GIVEN = re.compile(r"Given value: (.*)")
 _CLASS_PATH = re.compile(r"Problem with given class_path '([^']*)':\s*\n\s*(.+)")
+# jsonargparse names the class only when the value is a mapping; a class path string is the given value.
+_NOT_A_SEGMENTER = re.compile(r"Import path (?:(\S+) )?does not implement protocol")
 
 
 def option_error_line(message: str) -> str | None:
@@ -28,6 +30,10 @@ def option_error_line(message: str) -> str | None:
     if 'Parser key "data.segmenter"' in message:
         names = ", ".join(BUILTIN_NAMES)
         accepted = f"use a built-in name ({names}) or the class_path of a class with segment(texts)"
+        not_a_segmenter = _NOT_A_SEGMENTER.search(message)
+        if not_a_segmenter:
+            path = not_a_segmenter.group(1) or value
+            return f"data.segmenter: {path} has no segment(texts) method; {accepted}"
         problem = _CLASS_PATH.search(message)
         if problem:
             path, reason = problem.group(1), problem.group(2).strip()

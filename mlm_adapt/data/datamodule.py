@@ -36,9 +36,8 @@ from mlm_adapt.masking import MaskingScheme, WholeWordMaskCollator
 from mlm_adapt.masking.schedule import RateSpec
 from mlm_adapt.text.chinese_variants import OpenCCConfig
 from mlm_adapt.text.corpus import expand_files, load_files, load_hub
-from mlm_adapt.text.segmentation import BuiltinSegmenter, Segmentation
+from mlm_adapt.text.segmentation import BuiltinSegmenter, Segmentation, WordSegmenter
 from mlm_adapt.text.tokenizer import load_tokenizer
-from mlm_adapt.text.word_segmenter import WordSegmenter
 
 # The lock that lets one process of a job fill a shared ``datasets`` cache (``.preprocessing.lock`` in it).
 PREPROCESS_LOCK = "preprocessing"

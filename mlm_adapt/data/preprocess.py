@@ -19,9 +19,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.text.blocks import PackedBlocks, pack_blocks
+from mlm_adapt.text.segmentation import WordSegmenter
 from mlm_adapt.text.tokens import TOKENIZATION_VERSION, tokenize_flat
 from mlm_adapt.text.vocabulary import block_special_ids
-from mlm_adapt.text.word_segmenter import WordSegmenter
 
 BLOCK_FEATURES = datasets.Features(
     {"input_ids": datasets.List(datasets.Value("int32")), "word_ids": datasets.List(datasets.Value("int32"))}

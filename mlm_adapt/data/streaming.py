@@ -28,7 +28,7 @@ from transformers import PreTrainedTokenizerBase
 from mlm_adapt.data.preprocess import is_non_empty, to_blocks
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.corpus import BUILDERS, builder_options, file_error, text_only
-from mlm_adapt.text.word_segmenter import WordSegmenter
+from mlm_adapt.text.segmentation import WordSegmenter
 
 
 def is_held_out(text: str, fraction: float, seed: int) -> bool:

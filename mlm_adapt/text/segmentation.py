@@ -1,63 +1,410 @@
-"""``data.segmenter`` resolved and checked: the one segmentation that fit, preview and vocab all use.
+"""Word segmentation: what a segmenter is, the built-in ones, and the checked ``data.segmenter``.
 
-:class:`Segmentation` takes what the config gives -- a built-in name (``rjieba``, ``jieba``, ``thulac``,
-``snownlp``, ``pkuseg``), a ``{"class_path": ..., "init_args": {...}}`` mapping or an instance of any
-:class:`~mlm_adapt.text.word_segmenter.WordSegmenter` -- and optionally an OpenCC configuration
-(:mod:`mlm_adapt.text.chinese_variants`). Every batch is checked: a segmenter that raises, returns the
-wrong number of word lists or words that do not join back to the text stops preprocessing with one line
-naming the segmenter and the first offending text.
+Whole-word masking needs, for every text, words that concatenate back to it exactly
+(``"".join(words) == text``): they are aligned to the tokenizer's own tokens by character position
+(:mod:`mlm_adapt.text.alignment`). Read top to bottom:
 
-Its pickled state is what ``datasets``' cache fingerprint hashes: the built-in name or the class path with
-its init args, the jieba options and the OpenCC configuration (a class-path segmenter is rebuilt from them
-in each worker process, so its loaded model is neither pickled nor hashed).
+- :class:`WordSegmenter`: the protocol, one method ``segment(texts)``. A segmenter subclasses nothing;
+  ``data.segmenter`` takes the ``class_path``/``init_args`` of any class with it (``docs/segmenters.md``),
+  built by jsonargparse. :func:`restore_whitespace` repairs segmenters that drop whitespace.
+- :class:`Segmenter`: jieba's dictionary with two interchangeable backends, ``rjieba`` (Rust, the
+  default) and ``jieba`` (pure Python), with identical words when the HMM is off.
+- :class:`ThulacSegmenter`, :class:`SnownlpSegmenter`, :class:`PkusegSegmenter`: the other built-ins
+  (the ``segmenters`` extra), importing their package and loading their model on first use.
+- :class:`Segmentation`: ``data.segmenter`` resolved (a built-in name, a ``class_path`` mapping or an
+  instance), optionally through an OpenCC copy (:mod:`mlm_adapt.text.chinese_variants`), with every batch
+  checked: a segmenter that raises, exits, returns the wrong number of word lists or words that do not
+  join back stops preprocessing with one line naming it and the first offending text.
+
+Segmenters are pickled to ``datasets.map`` and DataLoader workers and hashed into ``datasets``' cache
+fingerprint, so none pickles a loaded model: the jieba backends and the built-ins build theirs once per
+process, and a ``class_path`` segmenter is rebuilt from its init args in each worker (its pickled state is
+the built-in name or the class path with its init args, the jieba options and the OpenCC configuration).
 """
 
 from __future__ import annotations
 
-import importlib
+import contextlib
+import hashlib
+import io
+import logging
+import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import rjieba
+from jsonargparse import ArgumentError, ArgumentParser
 
 from mlm_adapt.errors import Interrupted, MLMAdaptError, exception_line
-from mlm_adapt.text.builtin_segmenters import BUILTIN_CLASSES
 from mlm_adapt.text.chinese_variants import ChineseConverter, split_like
-from mlm_adapt.text.segment import Segmenter
-from mlm_adapt.text.word_segmenter import WordSegmenter, class_path, restore_whitespace
+
+
+@runtime_checkable
+class WordSegmenter(Protocol):
+    """Maps a batch of texts (``list[str]``) to their words (``list[list[str]]``).
+
+    The words of each text must join back to it (``"".join(words) == text``), whitespace included; a
+    segmenter is called from ``datasets.map`` worker processes, so it must pickle (load models lazily, on
+    first use, and leave them out of the pickled state).
+    """
+
+    # ``Any`` and positional-only: jsonargparse accepts a class for this protocol only when its parameter
+    # types equal the protocol's, unless the protocol's are ``Any``, and its names too unless positional
+    # only; a user's ``def segment(self, texts)`` without hints, or with another name, is a segmenter.
+    def segment(self, texts: Any, /) -> Any:
+        """The words of each text, in order."""
+        ...
+
+
+def restore_whitespace(text: str, words: list[str]) -> list[str] | None:
+    """``words`` with the whitespace of ``text`` that the segmenter dropped put back as words of their own.
+
+    Returns ``None`` when the words do not match the text apart from whitespace (the segmenter changed or
+    dropped other characters): that is a violation to report, not something to repair.
+    """
+    if "".join(words) == text:
+        return list(words)
+    restored: list[str] = []
+    pos = 0
+    for word in words:
+        start = pos
+        while pos < len(text) and text[pos].isspace() and not text.startswith(word, pos):
+            pos += 1
+        if pos > start:
+            restored.append(text[start:pos])
+        if not text.startswith(word, pos):
+            return None
+        if word:
+            restored.append(word)
+        pos += len(word)
+    if pos < len(text):
+        if not text[pos:].isspace():
+            return None
+        restored.append(text[pos:])
+    return restored
+
+
+SegmenterBackend = Literal["rjieba", "jieba"]
+
+# rjieba keeps frequencies (and their total) in 64-bit integers; far below that, any word already wins.
+MAX_FREQUENCY = 10**12
+
+
+def jieba_cache_dir() -> Path:
+    """jieba's prefix-dictionary cache dir: ``$MLM_ADAPT_JIEBA_CACHE`` or ``~/.cache/mlm_adapt/jieba``.
+
+    jieba's default is ``jieba.cache`` in the system temp directory, shared by every user of a node: a file
+    left there by another user cannot be replaced (every process then rebuilds the dictionary) and would be
+    unmarshalled without question. A private directory, written once per node by ``prepare_data`` (jieba
+    writes it atomically), lets every rank and worker just load it.
+    """
+    path = Path(os.environ.get("MLM_ADAPT_JIEBA_CACHE") or Path.home() / ".cache" / "mlm_adapt" / "jieba")
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def read_user_dict(path: str | Path) -> list[tuple[str, int | None, str | None]]:
+    """Parses a jieba user dictionary: one ``word [freq] [tag]`` entry per line.
+
+    Args:
+        path: The dictionary file (UTF-8).
+
+    Returns:
+        ``(word, freq, tag)`` triples; ``freq`` and ``tag`` are ``None`` when the line omits them.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise MLMAdaptError(f"data.user_dict: {path} does not exist; give a jieba dictionary file or null")
+    entries = []
+    for lineno, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        try:
+            line = raw.decode("utf-8").strip().lstrip("\ufeff")
+        except UnicodeDecodeError:
+            raise MLMAdaptError(
+                f"data.user_dict: {path} line {lineno} is not UTF-8; re-save the dictionary as UTF-8"
+            ) from None
+        if not line:
+            continue
+        parts = line.split()
+        word, freq, tag = parts[0], None, None
+        if len(parts) > 1:
+            if not parts[1].isdigit():
+                raise MLMAdaptError(
+                    f"data.user_dict: {path} line {lineno}: frequency {parts[1]!r} is not an integer; "
+                    "use 'word [freq] [tag]'"
+                )
+            freq = int(parts[1])
+            if freq > MAX_FREQUENCY:
+                raise MLMAdaptError(
+                    f"data.user_dict: {path} line {lineno}: frequency {parts[1]} is too large; use at most "
+                    f"{MAX_FREQUENCY} (jieba's own dictionary tops out below 10^6)"
+                )
+        if len(parts) > 2:
+            tag = parts[2]
+        entries.append((word, freq, tag))
+    return entries
+
+
+class Segmenter:
+    """Splits text into words with jieba's dictionary (precise mode).
+
+    Args:
+        backend: ``rjieba`` (fast, Rust) or ``jieba`` (reference Python implementation).
+        hmm: Use jieba's HMM to join unknown characters into new words. Off by default: with it off both
+            backends agree exactly, and dictionary words are what whole-word masking should mask.
+        user_dict: Optional jieba user dictionary (``word [freq] [tag]`` per line), applied to either backend.
+    """
+
+    def __init__(self, backend: SegmenterBackend = "rjieba", hmm: bool = False, user_dict: str | None = None):
+        if backend not in ("rjieba", "jieba"):
+            raise MLMAdaptError(f"data.segmenter: unknown backend {backend!r}; use 'rjieba' or 'jieba'")
+        self.backend = backend
+        self.hmm = hmm
+        self.user_dict = user_dict
+        self._entries = read_user_dict(user_dict) if user_dict else []
+        # Pickled with the segmenter: datasets' cache fingerprint changes when the dictionary content does.
+        self.user_dict_sha1 = hashlib.sha1(repr(self._entries).encode()).hexdigest() if user_dict else None
+        self._impl = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_impl"] = None
+        return state
+
+    def _build(self):
+        if self.backend == "rjieba":
+            impl = rjieba.Jieba()
+            for word, freq, tag in self._entries:
+                impl.add_word(word, freq, tag)
+            return impl.cut  # called directly per text: the hot path of preprocessing
+        import jieba  # noqa: PLC0415 (the reference backend: a slow import, only when chosen)
+
+        jieba.setLogLevel(logging.WARNING)
+        impl = jieba.Tokenizer()
+        impl.tmp_dir = str(jieba_cache_dir())
+        impl.initialize()
+        for word, freq, tag in self._entries:
+            impl.add_word(word, freq, tag)
+        return lambda text, hmm: impl.lcut(text, HMM=hmm)
+
+    def __call__(self, text: str) -> list[str]:
+        """Returns the words of ``text`` in order; joined they give ``text`` back."""
+        return self.segment([text])[0]
+
+    def segment(self, texts: list[str]) -> list[list[str]]:
+        """The words of each text (the :class:`WordSegmenter` protocol)."""
+        if self._impl is None:
+            self._impl = self._build()
+        cut, hmm = self._impl, self.hmm
+        return [cut(text, hmm) for text in texts]
+
+    def __repr__(self) -> str:
+        return f"Segmenter(backend={self.backend!r}, hmm={self.hmm}, user_dict={self.user_dict!r})"
+
+
+EXTRA_HINT = "install it with: pip install 'mlm_adapt[segmenters]'"
+
+
+class _LazyModel:
+    """A built-in segmenter whose package and model load on first use, left out of the pickled state.
+
+    THULAC and snownlp ship their models; pkuseg and snownlp drop whitespace, which comes back through
+    :func:`restore_whitespace`. Measured speeds: ``docs/segmenters.md``.
+    """
+
+    package = ""
+
+    def __init__(self) -> None:
+        self._model: Any = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_model": None}
+
+    def _load(self) -> Any:
+        raise NotImplementedError
+
+    def _cut(self, text: str) -> list[str]:
+        raise NotImplementedError
+
+    def _ensure_model(self) -> Any:
+        if self._model is None:
+            try:
+                self._model = self._load()
+            except ImportError:
+                raise MLMAdaptError(
+                    f"data.segmenter: {type(self).__name__} needs the {self.package} package; {EXTRA_HINT}"
+                ) from None
+        return self._model
+
+    def segment(self, texts: list[str]) -> list[list[str]]:
+        """The words of each text; whitespace the model dropped comes back as words of its own."""
+        self._ensure_model()
+        result = []
+        for text in texts:
+            words = self._cut(text) if text.strip() else []
+            restored = restore_whitespace(text, words)
+            # Anything but dropped whitespace is left for the caller's join-back check to report.
+            result.append(words if restored is None else restored)
+        return result
+
+
+class ThulacSegmenter(_LazyModel):
+    """THULAC (Tsinghua), segmentation only, with the model shipped in the ``thulac`` package.
+
+    Args:
+        user_dict: Optional file of extra words, one per line (UTF-8).
+    """
+
+    package = "thulac"
+
+    def __init__(self, user_dict: str | None = None) -> None:
+        super().__init__()
+        self.user_dict = user_dict
+
+    def _load(self) -> Any:
+        import thulac  # noqa: PLC0415 (optional dependency, ~6 s to load its model)
+
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints "Model loaded succeed"
+            return thulac.thulac(user_dict=self.user_dict, seg_only=True)
+
+    def _cut(self, text: str) -> list[str]:
+        return [word for word, _ in self._model.cut(text, text=False)]
+
+
+class SnownlpSegmenter(_LazyModel):
+    """snownlp's character-based generative segmenter (the model ships in the ``snownlp`` package)."""
+
+    package = "snownlp"
+
+    def _load(self) -> Any:
+        from snownlp import seg  # noqa: PLC0415 (optional dependency; loads its model on import)
+
+        return seg
+
+    def _cut(self, text: str) -> list[str]:
+        return self._model.seg(text)
+
+
+class PkusegSegmenter(_LazyModel):
+    """pkuseg (Peking University) through ``spacy-pkuseg``, from a model directory already on disk.
+
+    spacy-pkuseg ships no model and downloads a named one (``spacy_ontonotes``, ``medicine``, ``web``...)
+    from GitHub on first use; mlm_adapt never downloads at run time. Download the model once (or train one
+    with ``spacy_pkuseg.train``) and give its directory, or its name when it is already in ``$PKUSEG_HOME``
+    (``~/.pkuseg``).
+
+    Args:
+        model: A directory holding ``weights.npz`` and ``features.msgpack``/``features.pkl``, or the name of
+            a model already downloaded to ``$PKUSEG_HOME``.
+        user_dict: ``default`` (pkuseg's own dictionary), a file of words (one per line) or ``null``.
+    """
+
+    package = "spacy-pkuseg"
+
+    def __init__(self, model: str = "spacy_ontonotes", user_dict: str | None = "default") -> None:
+        super().__init__()
+        self.model = model
+        self.user_dict = user_dict
+        self.model_dir = str(self._model_dir(model))
+
+    @staticmethod
+    def _model_dir(model: str) -> Path:
+        home = Path(os.environ.get("PKUSEG_HOME") or Path.home() / ".pkuseg")
+        for candidate in (Path(model).expanduser(), home / model):
+            if (candidate / "weights.npz").is_file():
+                if not (candidate / "features.msgpack").is_file() and (candidate / "features.pkl").exists():
+                    # spacy-pkuseg falls back to pickle.load for it: loading the model would run its code.
+                    raise MLMAdaptError(
+                        f"data.segmenter: pkuseg model {candidate} has features.pkl and no features.msgpack; "
+                        "spacy-pkuseg would unpickle it, which can run any code, so mlm_adapt refuses it: "
+                        "use a model saved by a current spacy-pkuseg (features.msgpack)"
+                    )
+                return candidate.resolve()
+        raise MLMAdaptError(
+            f"data.segmenter: pkuseg model {model!r} is neither a directory with weights.npz nor a model "
+            f"in {home}; download it once (spacy-pkuseg's releases) and give its directory as init_args.model"
+        )
+
+    def _load(self) -> Any:
+        import spacy_pkuseg  # noqa: PLC0415 (optional dependency)
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            return spacy_pkuseg.pkuseg(model_name=self.model_dir, user_dict=self.user_dict)
+
+    def _cut(self, text: str) -> list[str]:
+        return self._model.cut(text)
+
 
 BuiltinSegmenter = Literal["rjieba", "jieba", "thulac", "snownlp", "pkuseg"]
 JIEBA_BACKENDS = ("rjieba", "jieba")
+BUILTIN_CLASSES: dict[str, type[_LazyModel]] = {
+    "thulac": ThulacSegmenter,
+    "snownlp": SnownlpSegmenter,
+    "pkuseg": PkusegSegmenter,
+}
 BUILTIN_NAMES = (*JIEBA_BACKENDS, *BUILTIN_CLASSES)
 _PLAIN = (str, int, float, bool, type(None))
 
 
-def _short(text: str, limit: int = 60) -> str:
-    return repr(text if len(text) <= limit else text[:limit] + "…")
+def _from_class_path(spec: Mapping[str, Any]) -> Any:
+    """The segmenter a ``{"class_path", "init_args"}`` mapping names, built as the CLI builds it.
 
-
-def _import_class(path: str) -> type:
-    module_name, _, name = path.rpartition(".")
+    The same jsonargparse resolution as LightningCLI's (import, protocol check, init args against the
+    signature), so a mapping given in Python, or rebuilt in a worker from the hyperparameters, behaves as on
+    the command line; its multi-line report becomes one line here.
+    """
+    name, init_args = spec["class_path"], dict(spec.get("init_args") or {})
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--segmenter", type=WordSegmenter)
     try:
-        obj: Any = importlib.import_module(module_name) if module_name else None
-        for part in name.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        config = parser.parse_object({"segmenter": {"class_path": name, "init_args": init_args}})
+    except ArgumentError as exc:
+        # jsonargparse wraps what failed (an ImportError, an unknown option) in its own errors.
+        chain: list[BaseException] = [exc]
+        while (inner := chain[-1].__cause__ or chain[-1].__context__) is not None and inner not in chain:
+            chain.append(inner)
+        cause = chain[-1]
+        reason = exception_line(cause)
+        if "does not implement protocol" in reason:
+            raise MLMAdaptError(
+                f"data.segmenter: {name} has no segment(texts) method; a segmenter maps a list of texts "
+                "to a list of word lists (see docs/segmenters.md)"
+            ) from None
+        if isinstance(cause, ImportError | AttributeError) or "import path" in reason:
+            raise MLMAdaptError(
+                f"data.segmenter: cannot import class_path {name!r} ({reason}); give an importable class "
+                f"(module.Class) or a built-in name ({', '.join(BUILTIN_NAMES)})"
+            ) from None
         raise MLMAdaptError(
-            f"data.segmenter: cannot import class_path {path!r} ({exc}); give an importable class "
-            f"(module.Class) or a built-in name ({', '.join(BUILTIN_NAMES)})"
+            f"data.segmenter: {name}(**{init_args}) failed: {reason}; check data.segmenter.init_args"
         ) from None
-    return obj
+    try:
+        return parser.instantiate(config).segmenter
+    except MLMAdaptError:
+        raise
+    except Exception as exc:
+        raise MLMAdaptError(
+            f"data.segmenter: {name}(**{init_args}) failed: {type(exc).__name__}: {exc}; "
+            "check data.segmenter.init_args"
+        ) from None
 
 
-def plain_settings(segmenter: Any) -> Any:
-    """A config value describing ``segmenter``: its name, or ``{"class_path", "init_args"}`` (plain values).
+def _describe(segmenter: Any) -> Any:
+    """A config value for ``segmenter``: its name, or ``{"class_path", "init_args"}`` of plain values.
 
     An instance is described by its class and its public attributes of plain types (what a segmenter
     usually keeps of its init args): the form that hyperparameters, checkpoints and the resume check keep.
     """
     if isinstance(segmenter, str | Mapping):
         return dict(segmenter) if isinstance(segmenter, Mapping) else segmenter
+    cls = type(segmenter)
     args = {k: v for k, v in vars(segmenter).items() if not k.startswith("_") and isinstance(v, _PLAIN)}
-    return {"class_path": class_path(segmenter), "init_args": args}
+    return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": args}
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 def _as_list(words: Any) -> list:
@@ -73,7 +420,7 @@ class Segmentation:
 
     Args:
         segmenter: A built-in name, a ``{"class_path": ..., "init_args": {...}}`` mapping or a
-            :class:`~mlm_adapt.text.word_segmenter.WordSegmenter` instance.
+            :class:`WordSegmenter` instance.
         hmm: jieba only: let its HMM join unknown characters into words.
         user_dict: jieba only: a user dictionary (``word [freq] [tag]`` per line).
         opencc: Segment an OpenCC-converted copy (``t2s``, ``tw2s``, ``hk2s``); ``None``: the text itself.
@@ -95,7 +442,7 @@ class Segmentation:
             built_from = None
         # An instance without ``built_from`` cannot be rebuilt: it is pickled (and hashed) itself.
         self._rebuildable = given or built_from is not None
-        self.spec = plain_settings(built_from if built_from is not None else segmenter)
+        self.spec = _describe(built_from if built_from is not None else segmenter)
         if isinstance(self.spec, dict) and not isinstance(self.spec.get("class_path"), str):
             raise MLMAdaptError(
                 f"data.segmenter: {self.spec} has no class_path; give a built-in name "
@@ -127,17 +474,7 @@ class Segmentation:
                     "or a class_path with init_args"
                 )
             return BUILTIN_CLASSES[self.spec]()
-        cls = _import_class(str(self.spec.get("class_path")))
-        init_args = dict(self.spec.get("init_args") or {})
-        try:
-            return cls(**init_args)
-        except MLMAdaptError:
-            raise
-        except Exception as exc:
-            raise MLMAdaptError(
-                f"data.segmenter: {self.name}(**{init_args}) failed: {type(exc).__name__}: {exc}; "
-                "check data.segmenter.init_args"
-            ) from None
+        return _from_class_path(self.spec)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -211,7 +548,7 @@ class Segmentation:
         if all(isinstance(w, str) for w in words) and restore_whitespace(converted, words) is not None:
             hint = (
                 "return the whitespace as words of their own "
-                "(mlm_adapt.text.word_segmenter.restore_whitespace does that)"
+                "(mlm_adapt.text.segmentation.restore_whitespace does that)"
             )
             return self._fail("dropped whitespace", text, hint)
         return self._fail(

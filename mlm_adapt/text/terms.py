@@ -19,8 +19,7 @@ import rjieba
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.guard.outputs import Output, write_text
-from mlm_adapt.text.segment import Segmenter, read_user_dict
-from mlm_adapt.text.word_segmenter import WordSegmenter
+from mlm_adapt.text.segmentation import Segmenter, WordSegmenter, read_user_dict
 
 
 def oov_characters(texts: Iterable[str], tokenizer: PreTrainedTokenizerBase) -> tuple[Counter, int, int]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.text.alignment import AlignedTokens, align_words, align_words_flat
-from mlm_adapt.text.word_segmenter import WordSegmenter
+from mlm_adapt.text.segmentation import WordSegmenter
 
 SPECIAL_WORD_ID = -1
 # Bumped whenever the tokens or word ids produced for a text change: it is part of the datasets cache

@@ -35,7 +35,7 @@ CASES = {
     "bad-init-args": (
         "fit",
         [
-            '--data.segmenter={"class_path": "mlm_adapt.text.builtin_segmenters.ThulacSegmenter", '
+            '--data.segmenter={"class_path": "mlm_adapt.text.segmentation.ThulacSegmenter", '
             '"init_args": {"dictionary": "x"}}'
         ],
         "data.segmenter: cannot use class_path",

@@ -56,7 +56,7 @@ def test_preview_prints_decoded_text(family):
     from mlm_adapt.cli.preview import batch_examples, render_text
     from mlm_adapt.data.preprocess import to_blocks
     from mlm_adapt.masking import WholeWordMaskCollator
-    from mlm_adapt.text.segment import Segmenter
+    from mlm_adapt.text.segmentation import Segmenter
 
     tokenizer = AutoTokenizer.from_pretrained(family_dir(family))
     lines = training_texts()[:16]

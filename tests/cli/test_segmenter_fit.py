@@ -1,4 +1,4 @@
-"""Issue 18: a user class-path segmenter with data.opencc trains end to end on Traditional text."""
+"""User class-path segmenters through the CLI: with data.opencc on Traditional text, without type hints."""
 
 from __future__ import annotations
 
@@ -72,3 +72,63 @@ def test_class_path_segmenter_with_opencc_fits_and_is_resume_fixed(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "data.segmenter.init_args.max_chars: 3 -> 2" in err, err[-2000:]
+
+
+class Characters:
+    """A user segmenter written without type hints, as the protocol's docs allow."""
+
+    def __init__(self, tag="chars"):
+        self.tag = tag
+
+    def segment(self, texts):
+        return [list(t) for t in texts]
+
+
+class NoSegmentMethod:
+    """A class given as data.segmenter that is no segmenter."""
+
+    def __init__(self, tag="none"):
+        self.tag = tag
+
+
+@pytest.mark.slow
+def test_segmenter_without_type_hints_fits(tiny_model_dir, corpus_file, tmp_path):
+    segmenter = {"class_path": f"{__name__}.Characters", "init_args": {"tag": "x"}}
+    checkpoint = (
+        '{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", '
+        f'"init_args": {{"save_last": true, "dirpath": "{tmp_path / "ckpt"}"}}}}'
+    )
+    args = tiny_fit_args(
+        tiny_model_dir,
+        corpus_file,
+        tmp_path,
+        f"--data.segmenter={json.dumps(segmenter)}",
+        "--trainer.max_steps=2",
+        "--trainer.limit_val_batches=1",
+        "--trainer.logger=false",
+        f"--trainer.callbacks+={checkpoint}",
+        "--export.enabled=false",
+    )
+    main(["fit", *args])
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert saved["datamodule_hyper_parameters"]["segmenter"] == segmenter
+
+
+@pytest.mark.parametrize(
+    "value",
+    [f"{__name__}.NoSegmentMethod", json.dumps({"class_path": f"{__name__}.NoSegmentMethod"})],
+    ids=["class-path", "mapping"],
+)
+def test_class_without_segment_method_is_refused_in_one_line(
+    value, tiny_model_dir, corpus_file, tmp_path, capsys
+):
+    args = tiny_fit_args(tiny_model_dir, corpus_file, tmp_path, f"--data.segmenter={value}")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args])
+    assert exit_info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mlm_adapt: error:")]
+    assert lines == [
+        f"mlm_adapt: error: data.segmenter: {__name__}.NoSegmentMethod has no segment(texts) method; "
+        "use a built-in name (rjieba, jieba, thulac, snownlp, pkuseg) or the class_path of a class with "
+        "segment(texts)"
+    ]

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 
 from mlm_adapt.data.preprocess import to_blocks
 from mlm_adapt.masking import WholeWordMaskCollator
-from mlm_adapt.text.segment import Segmenter
+from mlm_adapt.text.segmentation import Segmenter
 from mlm_adapt.text.vocabulary import ordinary_token_ids
 
 FAMILIES = ("bert", "xlmr", "albert", "deberta", "modernbert")

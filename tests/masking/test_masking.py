@@ -11,7 +11,7 @@ from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.masking.hashing import mix32
 from mlm_adapt.masking.sampler import ordinary_token_ids
 from mlm_adapt.text.blocks import build_blocks
-from mlm_adapt.text.segment import Segmenter
+from mlm_adapt.text.segmentation import Segmenter
 from mlm_adapt.text.tokens import tokenize_with_word_ids
 
 

@@ -65,7 +65,7 @@ def test_token_units_make_every_token_its_own_unit():
 
 def _features(tokenizer, review_texts, n=400):
     from mlm_adapt.text.blocks import build_blocks
-    from mlm_adapt.text.segment import Segmenter
+    from mlm_adapt.text.segmentation import Segmenter
     from mlm_adapt.text.tokens import tokenize_with_word_ids
 
     tokens = tokenize_with_word_ids(review_texts[:n], tokenizer, Segmenter("rjieba"))

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.text.blocks import build_blocks
-from mlm_adapt.text.segment import Segmenter
+from mlm_adapt.text.segmentation import Segmenter
 from mlm_adapt.text.tokens import tokenize_with_word_ids
 from mlm_adapt.text.vocabulary import block_special_ids
 

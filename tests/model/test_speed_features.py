@@ -12,7 +12,7 @@ from mlm_adapt.data.samplers import EpochSampler, KeyedDataset, LengthGroupedEpo
 from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.text.blocks import build_blocks
-from mlm_adapt.text.segment import Segmenter
+from mlm_adapt.text.segmentation import Segmenter
 from mlm_adapt.text.tokens import tokenize_with_word_ids
 
 

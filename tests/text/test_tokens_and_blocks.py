@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlm_adapt.text.blocks import SPECIAL_WORD_ID, build_blocks
-from mlm_adapt.text.segment import Segmenter
+from mlm_adapt.text.segmentation import Segmenter
 from mlm_adapt.text.tokens import tokenize_with_word_ids
 
 
