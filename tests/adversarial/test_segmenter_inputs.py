@@ -1,4 +1,4 @@
-"""Issue 18: bad segmenter and OpenCC inputs end in one ``mlm_adapt: error:`` line (exit 2), no traceback."""
+"""Bad segmenter and OpenCC inputs end in one ``mlm_adapt: error:`` line (exit 2), no traceback."""
 
 from __future__ import annotations
 

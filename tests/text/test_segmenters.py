@@ -1,4 +1,4 @@
-"""Issue 18: built-in segmenters on real reviews and the checks of the segmenter protocol."""
+"""Built-in segmenters on real reviews and the checks of the segmenter protocol."""
 
 from __future__ import annotations
 
