@@ -26,7 +26,7 @@ from transformers import AutoTokenizer, DataCollatorForLanguageModeling  # noqa:
 
 from mlm_adapt.masking import WholeWordMaskCollator  # noqa: E402
 from mlm_adapt.text.blocks import build_blocks
-from mlm_adapt.text.segment import Segmenter  # noqa: E402
+from mlm_adapt.text.segmentation import Segmenter  # noqa: E402
 from mlm_adapt.text.tokens import tokenize_with_word_ids  # noqa: E402
 
 

@@ -107,7 +107,7 @@ def per_core(texts, directories: dict[str, Path], rounds: int) -> list[list[obje
     import jieba
     from transformers import AutoTokenizer
 
-    from mlm_adapt.text.segment import Segmenter
+    from mlm_adapt.text.segmentation import Segmenter
     from mlm_adapt.text.tokens import tokenize_with_word_ids
 
     jieba.setLogLevel(60)
@@ -161,7 +161,7 @@ def per_core(texts, directories: dict[str, Path], rounds: int) -> list[list[obje
 
 def identical(texts, tokenizers: dict) -> list[list[object]]:
     """Fraction of lines whose training ids equal ``tokenizer(line, add_special_tokens=False)``."""
-    from mlm_adapt.text.segment import Segmenter
+    from mlm_adapt.text.segmentation import Segmenter
     from mlm_adapt.text.tokens import tokenize_with_word_ids
 
     seg = Segmenter("rjieba")
@@ -204,7 +204,7 @@ def all_cores(texts, model_dir) -> list[list[object]]:
     from transformers import AutoTokenizer
 
     from mlm_adapt.data.preprocess import _tokenize_batch
-    from mlm_adapt.text.segment import Segmenter
+    from mlm_adapt.text.segmentation import Segmenter
 
     datasets.disable_caching()
     datasets.disable_progress_bars()

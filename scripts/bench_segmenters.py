@@ -79,7 +79,7 @@ def main() -> None:
             sample = texts[: max(20, int(len(texts) * share))]
             if name == "pkuseg":
                 model = args.pkuseg_model or train_small_pkuseg(Path(tmp))
-                spec = {"class_path": "mlm_adapt.text.builtin_segmenters.PkusegSegmenter"}
+                spec = {"class_path": "mlm_adapt.text.segmentation.PkusegSegmenter"}
                 segmentation = Segmentation({**spec, "init_args": {"model": model}})
             elif name == "rjieba+opencc t2s":
                 import opencc
