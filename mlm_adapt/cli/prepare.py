@@ -16,6 +16,7 @@ from mlm_adapt.cli.preview import DataOnlyCLI
 from mlm_adapt.data.prepared import parse_shard, part_name, prepare_corpus
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.export.callback import hparams_inputs
 
 
 class PrepareCLI(DataOnlyCLI):
@@ -44,7 +45,8 @@ def prepare_main(args: list[str]) -> None:
     if not config.data.train_files and not config.data.dataset_name:
         raise MLMAdaptError("data.train_files is empty; prepare needs the corpus (or data.dataset_name)")
     bars = config.trainer.get("enable_progress_bar") is not False
-    manifest = prepare_corpus(datamodule, directory, Progress("prepare", bars), shard)
+    inputs = hparams_inputs(config.get("model"), datamodule.hparams)
+    manifest = prepare_corpus(datamodule, directory, Progress("prepare", bars), shard, inputs)
     if manifest.get("skipped"):
         return
     written, then = directory, f"train with --data.prepared_dir {directory}"

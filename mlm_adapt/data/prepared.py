@@ -23,13 +23,13 @@ same but block boundaries can move at worker boundaries, as they do between 1 an
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
 import re
 import shutil
 import stat
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from transformers import PreTrainedTokenizerBase
 from mlm_adapt.data.fingerprint import blocks_fingerprint
 from mlm_adapt.data.prepared_manifest import (
     FORMAT_VERSION,
+    MANIFEST,
     prepared_settings,
     read_manifest,
     setting_conflicts,
@@ -49,8 +50,7 @@ from mlm_adapt.data.prepared_manifest import (
 )
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError, exception_line
-from mlm_adapt.guard.locks import locked
-from mlm_adapt.guard.outputs import record_published
+from mlm_adapt.guard.outputs import Output, write_directory
 
 # Shard counts are divisors of 192 = 2^6 * 3: a full 192 shards split evenly over any world_size x
 # num_workers product of 1, 2, 4, 8 GPUs per node times 1-8 nodes with 1, 2, 3, 4, 6 or 8 loader
@@ -197,14 +197,18 @@ def _remove(path: Path) -> None:
 
 
 def prepare_corpus(
-    datamodule: Any, directory: str | Path, progress: Progress, shard: tuple[int, int] | None = None
+    datamodule: Any,
+    directory: str | Path,
+    progress: Progress,
+    shard: tuple[int, int] | None = None,
+    inputs: Mapping[str, Sequence[str]] | None = None,
 ) -> dict:
     """Writes every split of an ``MLMDataModule`` as shards and a manifest into ``directory``.
 
-    Runs the DataModule's own loading and preprocessing (``preprocessing_num_workers`` processes) with
-    its ``datasets`` cache inside the staging directory ``.<name>.staging`` beside ``directory``, which is
-    renamed to ``directory`` at the end. A staging directory left by an interrupted prepare is removed
-    first: a rerun starts over cleanly.
+    Written as every output of the tool is (:func:`mlm_adapt.guard.outputs.write_directory`): under the
+    target's lock, in a marked staging directory beside it that holds the ``datasets`` cache too, published
+    by one rename once the manifest is on disk. What a killed prepare left is removed only when its marker
+    proves it ours; a user's directory of a similar name is never touched.
 
     Args:
         datamodule: The ``MLMDataModule`` (its ``cache_dir`` is redirected into the staging directory).
@@ -212,6 +216,7 @@ def prepare_corpus(
         progress: Bars or phase lines.
         shard: ``(i, N)``: write only task i's share, as ``directory/part-i-of-N`` (see the module
             docstring); a finished part of the same settings is kept (``manifest["skipped"]``).
+        inputs: The run's input files by config key: the directory must not be, hold or lie inside one.
 
     Returns:
         The manifest (of the part, with ``shard``).
@@ -223,35 +228,20 @@ def prepare_corpus(
     if shard is not None:
         _check_parts_home(target, shard[1])
         target = target / part_name(*shard)
-        if (target / "manifest.json").is_file():
+        if (target / MANIFEST).is_file():
             return _finished_part(datamodule, target, progress)
     target.parent.mkdir(parents=True, exist_ok=True)
     _check_target(target)
-    staging = target.parent / f".{target.name}.staging"
-    # One lock mechanism for every writer (guard.locks): a second prepare of this directory is refused, and
-    # a worker that outlives this process cannot keep the lock.
-    with locked(target, "data.prepared_dir", str(target)):
-        if staging.exists() or staging.is_symlink():
-            progress.log(f"removing {staging}, left by an interrupted prepare")
-            _remove(staging)
-        staging.mkdir()
+    output = Output(target, key="data.prepared_dir", inputs=inputs or {})
+    started = time.perf_counter()
+    with write_directory(output, proof=MANIFEST) as staging:
         cache = staging / "cache"
         hp.cache_dir = str(cache)  # every intermediate file of ``datasets`` lands inside staging
-        started = time.perf_counter()
-        try:
-            manifest = _build(datamodule, staging, progress, shard)
-            with progress.phase("removing intermediate caches"):
-                _remove(cache)
-            manifest["prepare_seconds"] = round(time.perf_counter() - started, 1)
-            write_manifest(staging, manifest)
-            _check_target(target)
-            with contextlib.suppress(FileNotFoundError):
-                target.rmdir()  # an empty directory made beforehand (os.rename replaces only empty ones)
-            os.rename(staging, target)
-            record_published(target, target / "manifest.json")
-        except BaseException:
-            _remove(staging)  # a crash or Ctrl-C leaves nothing; a kill leaves staging for the next run
-            raise
+        manifest = _build(datamodule, staging, progress, shard)
+        with progress.phase("removing intermediate caches"):
+            _remove(cache)
+        manifest["prepare_seconds"] = round(time.perf_counter() - started, 1)
+        write_manifest(staging, manifest)
     return manifest
 
 

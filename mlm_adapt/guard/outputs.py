@@ -138,7 +138,7 @@ def _refuse_unreplaceable(output: Output, real: Path, at_publish: bool = False) 
     foreign = foreign_entries(real)
     if at_publish and not (output.overwrite and foreign == []):
         raise MLMAdaptError(
-            f"{key}: {output.shown(real)} was written by another process while this export ran; nothing "
+            f"{key}: {output.shown(real)} was written by another process while this command ran; nothing "
             "was replaced (choose another directory, or pass overwrite to replace an earlier export)"
         )
     if not output.overwrite:
@@ -231,12 +231,16 @@ def _reported_in_user_terms(staging: Staging, real: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def write_directory(
-    output: Output, publishing: contextlib.AbstractContextManager[object] | None = None
+    output: Output,
+    publishing: contextlib.AbstractContextManager[object] | None = None,
+    proof: str | None = None,
 ) -> Iterator[Path]:
     """Yields an empty staging directory to write ``output`` into; publishes it when the block succeeds.
 
     ``publishing`` is entered around the publication (fsync and renames), e.g. a progress phase: for a
-    model of hundreds of MB the fsync alone takes seconds.
+    model of hundreds of MB the fsync alone takes seconds. ``proof`` names the file the writer puts in the
+    directory to mark it complete (a prepared directory's ``manifest.json``); without one, the export
+    marker is written.
 
     Under ``output``'s lock: leftovers of killed writers are repaired, the rules re-checked, the staging
     directory created. On success the export marker is written, modes follow the umask, files are
@@ -253,7 +257,10 @@ def write_directory(
             with _reported_in_user_terms(staging, real):
                 yield staging.payload
             with publishing or contextlib.nullcontext():
-                write_marker(staging.payload)
+                if proof is None:
+                    write_marker(staging.payload)
+                elif not (staging.payload / proof).is_file():
+                    raise MLMAdaptError(f"{output.key}: {output.shown(real)}: {proof} was not written")
                 apply_umask(staging.payload)
                 fsync_path(staging.payload)
                 _refuse_unreplaceable(output, real, at_publish=True)
@@ -268,7 +275,7 @@ def write_directory(
                         os.rename(staging.backup, real)
                     raise
                 fsync_dir(real.parent)
-                record_published(real, real / MARKER)
+                record_published(real, real / (proof or MARKER))
         finally:
             staging.remove()
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from _h15w_helpers import Workspace, assert_one_line, leftovers, run, tree_hashes, world, ws
+from _output_workspace import Workspace, assert_one_line, leftovers, run, tree_hashes, world, ws
 
 from mlm_adapt.export import writer
 from mlm_adapt.guard.outputs import MARKER, Output, is_complete_export, write_directory
@@ -102,14 +102,14 @@ RACES = [
         "second_export_finishing_first_without_overwrite",
         [*EXPORT, "--output_dir=fresh"],
         _appears("fresh"),
-        ("--output_dir: fresh was written by another process while this export ran; nothing was replaced",),
+        ("--output_dir: fresh was written by another process while this command ran; nothing was replaced",),
         appears="fresh",
     ),
     Race(
         "user_file_appearing_during_overwrite",
         [*EXPORT, "--output_dir=exp", "--overwrite"],
         _appears("exp", extra="notes.txt"),
-        ("exp was written by another process while this export ran",),
+        ("exp was written by another process while this command ran",),
         appears="exp",
     ),
 ]

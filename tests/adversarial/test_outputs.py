@@ -12,7 +12,7 @@ from typing import Any
 
 import lightning as L
 import pytest
-from _h15w_helpers import (
+from _output_workspace import (
     Refusal,
     Workspace,
     check_refused,
@@ -224,12 +224,7 @@ REFUSALS = [
         ("--output: curves.png (->", "is the input", "metrics.csv (run_dir)"),
         setup=make_link("curves.png", "logs/metrics.csv"),
     ),
-    Refusal(
-        "plot_default_output_is_a_link_to_the_log",
-        PLOT,
-        ("is the input",),
-        setup=make_link("logs/curves.png", "metrics.csv"),
-    ),
+    # A link planted at plot's default output is replaced, not refused: tests/cli/test_plot.py.
     Refusal(
         "plot_onto_read_only_png",
         [*PLOT, "--output=curves.png"],

@@ -30,14 +30,16 @@ def test_fit_logs_word_accuracy_and_plot_draws_it(tiny_model_dir, corpus_file, t
     assert (tmp_path / "curves.png").read_bytes()[:8] == PNG_MAGIC
 
 
-def test_plot_replaces_a_link_planted_at_its_default_output(tmp_path):
+@pytest.mark.parametrize("target", ["victim.txt", "metrics.csv"], ids=["a_user_file", "the_log_itself"])
+def test_plot_replaces_a_link_planted_at_its_default_output(tmp_path, target):
     """The default curves.png lies in a run directory: a link there is replaced, never written through."""
-    (tmp_path / "metrics.csv").write_text("step,train/loss\n1,5.0\n2,4.0\n", encoding="utf-8")
-    victim = tmp_path / "victim.txt"
-    victim.write_text("the user's file\n", encoding="utf-8")
-    (tmp_path / "curves.png").symlink_to(victim)
+    log = "step,train/loss\n1,5.0\n2,4.0\n"
+    (tmp_path / "metrics.csv").write_text(log, encoding="utf-8")
+    (tmp_path / "victim.txt").write_text("the user's file\n", encoding="utf-8")
+    (tmp_path / "curves.png").symlink_to(tmp_path / target)
     plot_main([str(tmp_path / "metrics.csv")])
-    assert victim.read_text(encoding="utf-8") == "the user's file\n"
+    assert (tmp_path / "victim.txt").read_text(encoding="utf-8") == "the user's file\n"
+    assert (tmp_path / "metrics.csv").read_text(encoding="utf-8") == log
     assert not (tmp_path / "curves.png").is_symlink()
     assert (tmp_path / "curves.png").read_bytes()[:8] == PNG_MAGIC
 

