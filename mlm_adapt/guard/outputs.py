@@ -260,7 +260,10 @@ def write_directory(
                 if proof is None:
                     write_marker(staging.payload)
                 elif not (staging.payload / proof).is_file():
-                    raise MLMAdaptError(f"{output.key}: {output.shown(real)}: {proof} was not written")
+                    raise MLMAdaptError(
+                        f"{output.key}: {output.shown(real)}: {proof} was not written, so nothing was "
+                        "published; run the same command again"
+                    )
                 apply_umask(staging.payload)
                 fsync_path(staging.payload)
                 _refuse_unreplaceable(output, real, at_publish=True)
