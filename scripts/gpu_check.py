@@ -1,4 +1,4 @@
-"""GPU check (issue 16): one command, one table, at most ~10 minutes on one CUDA GPU.
+"""GPU check: one command, one table, at most ~10 minutes on one CUDA GPU.
 
 1. Training throughput of a bert-base-chinese-sized model (random weights, built offline by
    :func:`mlm_adapt.model.tiny.build_real_size`) through the real stack (MaskedLMModule, whole-word collator,

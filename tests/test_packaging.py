@@ -1,6 +1,6 @@
-"""Issue 12: the package builds without setuptools' deprecation wall (scripts/setup.sh stays quiet).
+"""The package builds without setuptools' deprecation wall (scripts/setup.sh stays quiet).
 
-Issue 19: the wheel's version is ``mlm_adapt.__version__`` (pyproject.toml reads it; one source)."""
+The wheel's version is ``mlm_adapt.__version__`` (pyproject.toml reads it; one source)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _h15l_helpers import CreatesMarker
+from _payloads_and_callbacks import CreatesMarker
 from conftest import tiny_fit_args
 from lightning.fabric.strategies.fsdp import _distributed_checkpoint_save
 from lightning.fabric.utilities.load import _METADATA_FILENAME

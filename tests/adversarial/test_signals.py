@@ -1,7 +1,8 @@
 """Signals during ``fit``: a checkpoint at the next optimizer step, one line, exit ``128 + signal``.
 
-In-process cases signal the test process itself from a callback (``_h15l_helpers.SendSignalAt``) at a known
-batch; the subprocess case kills a real ``fit`` from outside and resumes it with ``--ckpt_path last``.
+In-process cases signal the test process itself from a callback (``_payloads_and_callbacks.SendSignalAt``)
+at a known batch; the subprocess case kills a real ``fit`` from outside and resumes it with
+``--ckpt_path last``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 
 def callback(class_name: str, **init_args) -> str:
     return "--trainer.callbacks+=" + json.dumps(
-        {"class_path": f"_h15l_helpers.{class_name}", "init_args": init_args}
+        {"class_path": f"_payloads_and_callbacks.{class_name}", "init_args": init_args}
     )
 
 

@@ -144,7 +144,10 @@ def test_export_stopped_while_writing(phase, signame, trained_run, tmp_path):
 
 
 def _fit_args(model: Path, corpus: Path, root: Path, progress: Path) -> list[str]:
-    slow = {"class_path": "_h15l_helpers.SlowSteps", "init_args": {"progress": str(progress), "seconds": 0.3}}
+    slow = {
+        "class_path": "_payloads_and_callbacks.SlowSteps",
+        "init_args": {"progress": str(progress), "seconds": 0.3},
+    }
     return [
         "fit",
         *tiny_fit_args(
@@ -264,8 +267,8 @@ def test_a_live_owners_lock_is_still_refused(tmp_path, capsys):
 def test_prepare_without_its_manifest_is_no_success(
     tiny_model_dir, corpus_file, tmp_path, capsys, monkeypatch
 ):
-    """A prepare that published a directory without its manifest (a writer's bug, a file removed meanwhile)
-    does not report success: before, it printed "wrote" and exited 0, and ``fit`` then failed on it."""
+    """A prepare whose manifest was not written (a writer's bug, a file removed meanwhile) publishes nothing
+    and does not report success: before, it printed "wrote" and exited 0, and ``fit`` then failed on it."""
     from mlm_adapt.cli.commands import main
     from mlm_adapt.data import prepared
 
@@ -283,11 +286,12 @@ def test_prepare_without_its_manifest_is_no_success(
                 "--trainer.enable_progress_bar=false",
             ]
         )
-    assert ended.value.code == 1
+    assert ended.value.code == 2
     assert error_lines(capsys.readouterr().err) == [
-        f"mlm_adapt: error: prepare published {target}, but its manifest.json is missing; nothing there can "
-        "be trusted: remove it and run the same command again"
+        f"mlm_adapt: error: data.prepared_dir: {target}: manifest.json was not written, so nothing was "
+        "published; run the same command again"
     ]
+    assert not target.exists() and not list(tmp_path.glob(".prepared.staging*"))
 
 
 def test_export_without_its_marker_is_no_success(trained_run, tmp_path, capsys, monkeypatch):

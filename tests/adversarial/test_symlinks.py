@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _h15w_helpers import (
+from _output_workspace import (
     Refusal,
     Workspace,
     check_refused,

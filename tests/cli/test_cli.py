@@ -31,7 +31,7 @@ def test_fit_through_the_cli_lowers_validation_loss(tiny_model_dir, corpus_file,
     assert val[-1][1] < val[0][1] - 0.05
     assert "val/perplexity" in result.stdout and "before" in result.stdout
     assert list(tmp_path.rglob("*.ckpt"))
-    # Issue 19: the output a user reads. The wall time comes last; the summary has FLOPs (not a column of
+    # The output a user reads: the wall time comes last; the summary has FLOPs (not a column of
     # 0); the third-party deprecation notices are gone.
     assert re.search(r"mlm_adapt fit: (\d+ min )?\d+ s wall", result.stdout.strip().splitlines()[-1])
     # Lightning's plain summary ends "8.8 M  Total Flops", its rich one "Total FLOPs: 8.8 M".

@@ -1,4 +1,4 @@
-"""Issue 12, crashes and messages at the CLI: each bad input or fault is one line (or simply works)."""
+"""Crashes and messages at the CLI: each bad input or fault is one line (or simply works)."""
 
 from __future__ import annotations
 

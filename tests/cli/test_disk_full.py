@@ -1,4 +1,4 @@
-"""Issue 12: a full disk is one line naming the file being written, not torch's inline_container.cc failure.
+"""A full disk is one line naming the file being written, not torch's inline_container.cc failure.
 
 Needs a small tmpfs (``mount -t tmpfs``, root or CAP_SYS_ADMIN); skipped where it cannot be mounted.
 """

@@ -1,4 +1,4 @@
-"""Issue 12: preview renders masked words that contain an unmaskable [UNK] piece (label -100)."""
+"""Preview renders masked words that contain an unmaskable [UNK] piece (label -100)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12: DataModule arguments torch would reject only after preprocessing are refused up front."""
+"""DataModule arguments torch would reject only after preprocessing are refused up front."""
 
 from __future__ import annotations
 

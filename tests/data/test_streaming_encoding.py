@@ -1,4 +1,4 @@
-"""Issue 12: a non-UTF-8 line in a streamed corpus is named (file and 1-based line), in and out of workers."""
+"""A non-UTF-8 line in a streamed corpus is named (file and 1-based line), in and out of workers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Loading a text corpus holds a bounded chunk of it at a time, whatever its size (issue 16: flat memory)."""
+"""Loading a text corpus holds a bounded chunk of it at a time, whatever its size (flat memory)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12, messages about corpus files: the file, the 1-based line, what the value was, the right hint."""
+"""Messages about corpus files name the file, the 1-based line, what the value was, the right hint."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 18: data.opencc segments a Simplified copy of Traditional text and keeps the original characters."""
+"""data.opencc segments a Simplified copy of Traditional text and keeps the original characters."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 18: the segmenter (class and init args) and the OpenCC conversion are resume-fixed settings."""
+"""The segmenter (class and init args) and the OpenCC conversion are resume-fixed settings."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Helpers of the loading, signals and parser-error suites (branch h15l): payloads and signal senders.
+"""User code that the loading, signal and stop suites hand to the CLI: a pickle payload and callbacks.
 
-Importable as ``_h15l_helpers`` (pytest puts this directory on ``sys.path``; the subprocess tests add it to
-``PYTHONPATH``), so LightningCLI can instantiate the callbacks below from ``--trainer.callbacks+=``.
+Importable as ``_payloads_and_callbacks`` (pytest puts this directory on ``sys.path``; the subprocess tests
+add it to ``PYTHONPATH``), so LightningCLI can instantiate the callbacks below from ``--trainer.callbacks+=``.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def read_only(path: Path) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def world(tmp_path_factory, tiny_model_dir, review_texts) -> Path:
     """The session's originals (copied per case by ``ws``); the checkpoint records paths relative to it."""
-    root = tmp_path_factory.mktemp("h15w_world")
+    root = tmp_path_factory.mktemp("output_world")
     base = root / "base"
     shutil.copytree(tiny_model_dir, base)
     write_marker(base)  # the run started from an earlier export: overwrite alone would replace it
