@@ -36,7 +36,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import rjieba
 from jsonargparse import ArgumentError, ArgumentParser
 
-from mlm_adapt.errors import Interrupted, MLMAdaptError, exception_line
+from mlm_adapt.errors import Interrupted, MLMAdaptError, Stopped, exception_line, raised
 from mlm_adapt.text.chinese_variants import ChineseConverter, split_like
 
 
@@ -499,13 +499,12 @@ class Segmentation:
     def _run(self, texts: list[str]) -> list[list[str]]:
         try:
             return list(self.segmenter.segment(texts))
-        except (MLMAdaptError, Interrupted):
+        except (MLMAdaptError, Interrupted, Stopped):  # a stop signal's exceptions pass as the stop
             raise
         except (SystemExit, KeyboardInterrupt) as exc:
             # Raised by the segmenter (or a library it wraps), not by a stop signal: it failed.
-            detail = f"exit({exc.code!r})" if isinstance(exc, SystemExit) else "KeyboardInterrupt"
             raise self._fail(
-                f"called {detail}", texts[0] if texts else "", "a segmenter must return words, not exit"
+                raised(exc), texts[0] if texts else "", "a segmenter must return words, not exit"
             ) from None
         except Exception as exc:
             offending = texts[0] if texts else ""

@@ -239,3 +239,35 @@ def test_class_path_segmenter_needs_no_type_hints_and_is_rebuilt_in_workers():
     assert segmentation("今天天气很好") == ["今天天", "气很好"]
     assert pickle.loads(pickle.dumps(segmentation))("北京欢迎你") == ["北京欢", "迎你"]
     assert segmentation.spec == spec
+
+
+def test_a_stop_signal_while_a_segmenter_runs_is_the_stop_not_the_segmenters_failure():
+    """SIGTERM's handler raises ``Stopped`` (a ``SystemExit``) wherever the main process is, a segmenter's
+    ``segment`` included: it reaches the CLI as the stop (status 143), not as "the segmenter called exit"."""
+    import signal
+
+    from mlm_adapt.errors import Stopped
+    from mlm_adapt.training.signals import install_stop_handlers
+
+    class SignalledWhileSegmenting:
+        def segment(self, texts):
+            signal.raise_signal(signal.SIGTERM)
+            return [list(t) for t in texts]
+
+    previous = signal.getsignal(signal.SIGTERM)
+    install_stop_handlers((signal.SIGTERM,))
+    try:
+        with pytest.raises(Stopped) as stopped:
+            Segmentation(SignalledWhileSegmenting()).segment(["今天天气很好"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 128 + signal.SIGTERM
+
+
+def test_a_segmenter_raising_keyboard_interrupt_itself_is_its_failure():
+    class Interrupting:
+        def segment(self, texts):
+            raise KeyboardInterrupt
+
+    with pytest.raises(MLMAdaptError, match="raised KeyboardInterrupt on the text '今天'"):
+        Segmentation(Interrupting()).segment(["今天"])
