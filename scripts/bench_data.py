@@ -62,7 +62,7 @@ def _batched(fn, texts, batch_size=1000):
 
 
 def split_words(words, tokenizer) -> dict:
-    """mlm_adapt before issue 10: the jieba word list tokenized word by word (``is_split_into_words``)."""
+    """The word-list baseline: the jieba word list tokenized word by word (``is_split_into_words``)."""
     encoding = tokenizer(list(words), is_split_into_words=True, add_special_tokens=False)
     word_ids = [[-1 if w is None else w for w in encoding.word_ids(i)] for i in range(len(words))]
     return {"input_ids": encoding["input_ids"], "word_ids": word_ids}

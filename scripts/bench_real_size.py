@@ -1,4 +1,4 @@
-"""Benchmark: real-size models through every command on CPU (issue 16).
+"""Benchmark: real-size models through every command on CPU, against the tiny test model as the baseline.
 
 A bert-base-chinese-sized BERT (12 x 768, vocabulary 21,128, 102 M parameters) and a ModernBERT-base-sized
 model (22 x 768, vocabulary 50,368, ~150 M parameters), random weights built offline by

@@ -11,7 +11,7 @@ process's peak minus it.
 
     python scripts/bench_scale.py [--sizes-mb 100 300 1000] [--processes 1 2] [--workdir DIR]
 
-Goal (issue 16): peak anonymous memory grows by at most 10% from 100 MB to 1 GB; the prepared directory
+Goal: peak anonymous memory grows by at most 10% from 100 MB to 1 GB; the prepared directory
 is at most 2.5x the corpus bytes.
 """
 
