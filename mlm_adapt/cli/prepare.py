@@ -46,6 +46,7 @@ def prepare_main(args: list[str]) -> None:
         raise MLMAdaptError("data.train_files is empty; prepare needs the corpus (or data.dataset_name)")
     bars = config.trainer.get("enable_progress_bar") is not False
     inputs = hparams_inputs(config.get("model"), datamodule.hparams)
+    inputs.pop("data.prepared_dir", None)  # fit's input is prepare's output (with --shard, a part's home)
     manifest = prepare_corpus(datamodule, directory, Progress("prepare", bars), shard, inputs)
     if manifest.get("skipped"):
         return

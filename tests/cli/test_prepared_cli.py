@@ -107,3 +107,14 @@ def test_ddp_from_a_prepared_dir_gives_ranks_disjoint_examples(tiny_model_dir, c
     assert [len(i) for i in ids] == [steps * 8] * 2
     assert not set(ids[0]) & set(ids[1]), "the two ranks trained on the same examples"
     assert "Segmenting" not in result.stderr  # no rank tokenized anything
+
+
+def test_prepare_shard_through_the_cli_writes_its_part_into_the_parts_home(
+    tiny_model_dir, corpus_file, tmp_path
+):
+    """With --shard, data.prepared_dir is the parts' home: prepare's output, never one of its inputs."""
+    home = tmp_path / "parts"
+    args = tiny_fit_args(tiny_model_dir, corpus_file, tmp_path)
+    main(["prepare", *args, f"--data.prepared_dir={home}", "--shard=0/1"])
+    assert (home / "part-00000-of-00001" / "manifest.json").is_file()
+    assert not [p.name for p in home.iterdir() if p.name.startswith(".")]  # no staging, no lock left
