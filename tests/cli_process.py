@@ -114,6 +114,15 @@ class CliProcess:
         return out, err
 
 
+def prepare_args(model: Path, corpus: Path, target: Path, cache: Path, *extra: str) -> list[str]:
+    """``prepare`` of ``corpus`` into ``target`` with a tiny model, no progress bars, then ``extra``."""
+    return [
+        "prepare", f"--model.model_name_or_path={model}", "--model.max_seq_length=64",
+        f"--data.train_files=[{corpus}]", f"--data.prepared_dir={target}", f"--data.cache_dir={cache}",
+        "--trainer.enable_progress_bar=false", *extra,
+    ]  # fmt: skip
+
+
 def run_command(
     args: list[str],
     cwd: Path | None = None,

@@ -116,6 +116,11 @@ def block_schema(vocab_size: int, max_seq_length: int) -> pa.Schema:
     return block_features(vocab_size, max_seq_length).arrow_schema
 
 
+def schema_dtypes(schema: pa.Schema) -> dict[str, str]:
+    """``{"input_ids": "uint16", "word_ids": "int16"}``: a block schema as the manifest records it."""
+    return {field.name: str(field.type.value_type) for field in schema}
+
+
 def _write_shard(blocks: datasets.Dataset, path: Path, schema: pa.Schema) -> int:
     """Writes ``blocks`` as one Arrow stream file (what ``Dataset.from_file`` maps); returns its bytes."""
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
@@ -208,13 +213,6 @@ def _check_target(target: Path) -> None:
         )
 
 
-def _remove(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path)
-
-
 def prepare_corpus(
     datamodule: Any,
     directory: str | Path,
@@ -258,7 +256,7 @@ def prepare_corpus(
         hp.cache_dir = str(cache)  # every intermediate file of ``datasets`` lands inside staging
         manifest = _build(datamodule, staging, progress, shard)
         with progress.phase("removing intermediate caches"):
-            _remove(cache)
+            shutil.rmtree(cache, ignore_errors=True)
         manifest["prepare_seconds"] = round(time.perf_counter() - started, 1)
         write_manifest(staging, manifest)
     return manifest
@@ -306,7 +304,7 @@ def _build(datamodule: Any, staging: Path, progress: Progress, shard: tuple[int,
         "format_version": FORMAT_VERSION,
         "settings": prepared_settings(hp, tokenizer, set_names),
         "validation_sets": dict(datamodule.validation_sets.splits),
-        "dtypes": {field.name: str(field.type.value_type) for field in schema},
+        "dtypes": schema_dtypes(schema),
         "corpus_fingerprint": blocks_fingerprint(blocks["train"]),
         "test_files": test_files_record(hp.test_files),
         "preprocessing_num_workers": hp.preprocessing_num_workers,
@@ -355,37 +353,42 @@ def _check_shard(
     vectorized pass over the mapped columns, no Python per block, so a tampered or foreign shard is refused
     before the first step instead of failing in the embedding or masking the wrong words.
     """
-    problem = _shard_problem(blocks, shard, schema, vocab_size, max_seq_length)
+    problem, tokens = _shard_problem(blocks, shard, schema, vocab_size, max_seq_length)
     if problem:
         raise MLMAdaptError(
             f"data.prepared_dir: shard {path / shard['file']} {problem}; the directory was altered, copied "
             "in part or prepared for another model: copy it again whole or run prepare again"
         )
-    return int(pc.sum(pc.list_value_length(blocks.data.column("input_ids"))).as_py() or 0)
+    return tokens
 
 
 def _shard_problem(
     blocks: datasets.Dataset, shard: dict, schema: pa.Schema, vocab_size: int, max_seq_length: int
-) -> str | None:
+) -> tuple[str | None, int]:
+    """What is wrong with a shard (``None``: nothing) and the tokens it holds."""
     types, wanted = _column_types(blocks.data.schema), _column_types(schema)
     if types != wanted:
-        return f"holds {types} where this tokenizer's blocks are {wanted}"
+        return f"holds {types} where this tokenizer's blocks are {wanted}", 0
     if len(blocks) != shard["blocks"]:
-        return f"holds {len(blocks)} blocks, the manifest says {shard['blocks']}"
+        return f"holds {len(blocks)} blocks, the manifest says {shard['blocks']}", 0
     if not len(blocks):
-        return None
+        return None, 0
     ids, words = blocks.data.column("input_ids"), blocks.data.column("word_ids")
     lengths = pc.list_value_length(ids)
+    tokens = int(pc.sum(lengths).as_py() or 0)
     if not pc.all(pc.equal(lengths, pc.list_value_length(words))).as_py():
-        return "has blocks whose word ids do not match their tokens one for one"
+        return "has blocks whose word ids do not match their tokens one for one", tokens
     if (longest := pc.max(lengths).as_py()) > max_seq_length:
-        return f"has a block of {longest} tokens, longer than max_seq_length {max_seq_length}"
+        return f"has a block of {longest} tokens, longer than max_seq_length {max_seq_length}", tokens
     id_range, word_range = pc.min_max(pc.list_flatten(ids)), pc.min_max(pc.list_flatten(words))
     if (id_range["max"].as_py() or 0) >= vocab_size:
-        return f"holds token id {id_range['max']}, beyond the tokenizer's {vocab_size} tokens"
+        return f"holds token id {id_range['max']}, beyond the tokenizer's {vocab_size} tokens", tokens
     if (word_range["min"].as_py() or 0) < -1 or (word_range["max"].as_py() or 0) >= max_seq_length:
-        return f"holds word ids {word_range['min']}..{word_range['max']}, outside -1..{max_seq_length - 1}"
-    return None
+        return (
+            f"holds word ids {word_range['min']}..{word_range['max']}, outside -1..{max_seq_length - 1}",
+            tokens,
+        )
+    return None, tokens
 
 
 def load_prepared(
@@ -470,8 +473,7 @@ def _load_one(path: Path, settings: dict, vocab_size: int) -> tuple[datasets.Dat
     """One prepared directory (or part), checked whole: manifest, settings, then every shard."""
     manifest = _checked_manifest(path, settings)
     schema = block_schema(vocab_size, settings["max_seq_length"])
-    recorded = {name: str(kind.value_type) for name, kind in zip(schema.names, schema.types, strict=True)}
-    if manifest["dtypes"] != recorded:
+    if manifest["dtypes"] != schema_dtypes(schema):
         raise MLMAdaptError(
             f"data.prepared_dir: {path}: dtypes {manifest['dtypes']} where this tokenizer's blocks are "
             f"{_column_types(schema)}; the directory was altered or prepared for another model: prepare "

