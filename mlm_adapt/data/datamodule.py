@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import datasets
 import lightning as L
@@ -15,12 +16,13 @@ from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
-from mlm_adapt.data.arguments import check_arguments
+from mlm_adapt.data.arguments import check_arguments, check_budget
 from mlm_adapt.data.collators import check_masking, make_collator, train_collator
 from mlm_adapt.data.loader_state import WorkerCountFreeLoader
 from mlm_adapt.data.mask_rates import MaskRates, Stepping, trainer_stepping
 from mlm_adapt.data.prepared import arrow_sum, describe_stats, load_prepared, prepared_stats
-from mlm_adapt.data.preprocess import BLOCK_FEATURES, drop_empty, mix_documents, to_blocks
+from mlm_adapt.data.preprocess import BLOCK_FEATURES, drop_empty, to_blocks
+from mlm_adapt.data.replay import Replay, parse_mix_rate
 from mlm_adapt.data.samplers import KeyedDataset, train_sampler
 from mlm_adapt.data.streaming import StreamingCorpus, load_hub_stream, load_stream
 from mlm_adapt.data.validation_sets import (
@@ -81,9 +83,20 @@ class MLMDataModule(L.LightningDataModule):
         masking: Training masking unit: ``whole_word`` (jieba words), ``ngram`` (MacBERT-style spans of 1-4
             words at 40/30/20/10%) or ``token`` (every token alone: character masking, an ablation).
             Validation and test always use whole-word masks, so metrics compare across schemes.
-        mix_files: General-domain text files mixed into the training documents to limit forgetting.
-        mix_probability: Fraction of training documents drawn from ``mix_files`` (0: no mixing). All
-            domain documents are kept; ``datasets.interleave_datasets`` adds general ones at this rate.
+        mix_files: General-domain text replayed during training to limit forgetting: its own blocks, of
+            which every training example is drawn instead of a domain one with the mix rate.
+        mix_probability: The mix rate: the fraction of training examples drawn from ``mix_files`` (0: none),
+            or ``[fraction_of_training, rate]`` points over the optimizer steps; with ``forgetting_budget``
+            the rate it starts from. Logged as ``train/mix_rate``; see docs/training.md.
+        forgetting_budget: Hold forgetting to this relative rise of the general validation set's
+            perplexity over step 0 (``0.2``: +20%): the mix rate goes up while the rise is above 3/4 of
+            it and down while below. Needs ``mix_files`` and a general validation set (the second one of
+            ``validation_files`` as a mapping, e.g. ``{domain: null, general: [general_val.txt]}``).
+        max_mix_rate: The highest mix rate the forgetting budget may set.
+        forgetting_check_interval: Optimizer steps between forgetting checks (default: a twentieth of the
+            run). A check is a perplexity over the first ``forgetting_check_batches`` batches of the
+            general validation set (fixed masks), cheaper and more frequent than a validation.
+        forgetting_check_batches: Batches (of ``eval_batch_size``) per forgetting check.
         new_tokens_file: Tokens added to the tokenizer (one per line); linked from ``model.new_tokens_file``.
         pad_to_multiple_of: Pad batches to a multiple of this length.
         group_by_length: With ``packing: false``, batch lines of similar length together (mega-batches of
@@ -129,7 +142,11 @@ class MLMDataModule(L.LightningDataModule):
         random_replace_prob: float = 0.1,
         masking: MaskingScheme = "whole_word",
         mix_files: list[str] | None = None,
-        mix_probability: float = 0.0,
+        mix_probability: RateSpec = 0.0,
+        forgetting_budget: float | None = None,
+        max_mix_rate: float = 0.5,
+        forgetting_check_interval: int | None = None,
+        forgetting_check_batches: int = 4,
         new_tokens_file: str | None = None,
         pad_to_multiple_of: int = 8,
         group_by_length: bool = True,
@@ -148,9 +165,11 @@ class MLMDataModule(L.LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.masking_schedule = check_masking(self.hparams)
-        check_arguments(self.hparams)
+        self.mix_schedule = parse_mix_rate(mix_probability)
+        check_arguments(self.hparams, self.mix_schedule)
         check_forgetting_warning(forgetting_warning)
         self.validation_sets = ValidationSets(validation_files)
+        check_budget(self.hparams, self.mix_schedule, self.validation_sets.names)
         # Names of the validation sets, the primary one (logged as ``val/*``) first.
         self.validation_set_names = self.validation_sets.names
         self.segmenter = Segmentation(segmenter, hmm, user_dict, opencc, built_from=self.hparams.segmenter)
@@ -160,6 +179,8 @@ class MLMDataModule(L.LightningDataModule):
         self.val_dataset: datasets.Dataset | None = None
         self.val_datasets: dict[str, datasets.Dataset] = {}  # every set by name, ``val_dataset`` first
         self.test_dataset: datasets.Dataset | None = None
+        self.replay: Replay | None = None  # general blocks and the mix rate, with data.mix_files
+        self._replay_state: dict | None = None  # a checkpoint's, until setup builds ``replay``
         self.corpus_stats: dict[str, int] = {}
 
     @cached_property
@@ -183,11 +204,6 @@ class MLMDataModule(L.LightningDataModule):
     def train_collator(self) -> WholeWordMaskCollator:
         """The training collator, masking ``data.masking`` units at the scheduled rate."""
         return train_collator(self.tokenizer, self.hparams, self.collator)
-
-    def _mix_general(self, train: datasets.Dataset) -> datasets.Dataset:
-        """Interleaves general documents into ``train`` at ``mix_probability``, keeping every domain one."""
-        hp = self.hparams
-        return mix_documents(train, self._read_files("mix_files"), hp.mix_probability, hp.seed)
 
     def _read_files(self, key: str, files: list[str] | None = None) -> datasets.Dataset:
         """The documents of ``files`` (default: ``data.<key>``), empty lines dropped; errors name ``key``."""
@@ -223,6 +239,8 @@ class MLMDataModule(L.LightningDataModule):
                 )
                 splits[held_out], held_out = drop_empty(validation, "validation"), None
         splits.update(files)
+        if hp.mix_files:  # general text for replay: blocks of its own, drawn at sampling time
+            splits["mix"] = self._read_files("mix_files")
         for split in splits:
             if len(splits[split]) == 0:
                 key = self.validation_sets.split_key(split)
@@ -234,8 +252,6 @@ class MLMDataModule(L.LightningDataModule):
                 raise held_out_error(hp.validation_split, len(splits["train"]))
             parts = splits["train"].train_test_split(test_size=hp.validation_split, seed=hp.seed)
             splits["train"], splits[held_out] = parts["train"], parts["test"]
-        if hp.mix_probability > 0:
-            splits["train"] = self._mix_general(splits["train"])
         return datasets.DatasetDict(splits)
 
     def _preprocess(
@@ -284,6 +300,11 @@ class MLMDataModule(L.LightningDataModule):
         blocks = self._preprocess(raw)
         self.train_dataset = blocks["train"]
         other_sets = self._set_eval_datasets(blocks)
+        general = (
+            {"general_documents": len(raw["mix"]), "general_examples": len(blocks["mix"])}
+            if "mix" in blocks
+            else {}
+        )
         self.corpus_stats = {
             "train_documents": len(raw["train"]),
             "validation_documents": len(raw["validation"]),
@@ -292,6 +313,7 @@ class MLMDataModule(L.LightningDataModule):
             "train_examples": len(self.train_dataset),
             "validation_examples": len(self.val_dataset),
             **other_sets,
+            **general,
             "train_tokens": arrow_sum(pc.list_value_length, self.train_dataset, "input_ids"),
         }
         rank_zero_info(
@@ -336,6 +358,13 @@ class MLMDataModule(L.LightningDataModule):
         self.val_datasets = {name: blocks[split] for name, split in self.validation_sets.splits.items()}
         self.val_dataset = next(iter(self.val_datasets.values()))
         self.test_dataset = blocks.get("test", self.val_dataset)
+        if "mix" in blocks:
+            hp = self.hparams
+            self.replay = Replay(
+                KeyedDataset(blocks["mix"]).blocks, self.mix_schedule, hp.forgetting_budget, hp.max_mix_rate
+            )
+            if self._replay_state is not None:
+                self.replay.load_state_dict(self._replay_state)
         return {f"validation_{name}_examples": len(d) for name, d in list(self.val_datasets.items())[1:]}
 
     def _world(self) -> tuple[int, int]:
@@ -388,6 +417,31 @@ class MLMDataModule(L.LightningDataModule):
 
     def _stepping(self, loader_batches: int) -> Stepping:
         return trainer_stepping(self.trainer, loader_batches)
+
+    @override
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # Replay is drawn here, in the main process right before the step, so the rate of step s is the
+        # rate after every forgetting check before s, whatever the workers prefetched (data/replay.py).
+        trainer = self.trainer
+        collated = isinstance(batch, dict) and "example_keys" in batch  # not e.g. the model summary's input
+        if self.replay is None or trainer is None or not trainer.training or not collated:
+            return batch
+        step, total = trainer.global_step, int(trainer.estimated_stepping_batches)
+        rate = self.replay.rate(step, total)
+        schedule = self.masking_schedule
+        mask_rate = None if schedule.constant else schedule.rate_at_step(step, total)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        return self.replay.mix(batch, rate, self.train_collator, pad, mask_rate)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"replay": self.replay.state_dict()} if self.replay is not None else {}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._replay_state = state_dict.get("replay")
+        if self.replay is not None and self._replay_state is not None:
+            self.replay.load_state_dict(self._replay_state)
 
     def _eval_batch_size(self) -> int:
         return self.hparams.eval_batch_size or self.hparams.batch_size  # never 0: refused in __init__

@@ -11,7 +11,7 @@ complete, and the intermediate caches (about 8x the corpus) go with the staging 
 no rank segments or tokenizes anything and the raw corpus is not read.
 
 Split across tasks (``prepare --shard i/N``, a Slurm array: ``scripts/slurm/prepare.sbatch``): every task
-loads the documents as a one-process prepare does (same held-out split, same mixing), keeps its contiguous
+loads the documents as a one-process prepare does (same held-out split), keeps its contiguous
 share of every split and writes it as ``DIR/part-0000i-of-0000N``, a complete prepared directory of its own
 published by the same rename (its manifest is the completion marker: a rerun skips a finished part and
 redoes an unfinished one). ``data.prepared_dir DIR`` then reads the N parts in order. The shares are cut at
@@ -507,6 +507,9 @@ def prepared_stats(manifest: dict) -> dict[str, int]:
     for name, split in manifest.get("validation_sets", {}).items():
         if split != "validation":
             stats[f"validation_{name}_examples"] = splits[split]["blocks"]
+    if "mix" in splits:
+        stats["general_documents"] = splits["mix"]["documents"]
+        stats["general_examples"] = splits["mix"]["blocks"]
     stats["train_tokens"] = splits["train"]["tokens"]
     return stats
 

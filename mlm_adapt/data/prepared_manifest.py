@@ -94,15 +94,12 @@ def prepared_settings(hparams: Any, tokenizer: PreTrainedTokenizerBase, set_name
         if added
         else None,
         "validation_sets": list(set_names),
-        # The held-out split and the mixing are drawn with the seed: another seed means other blocks.
+        # The held-out split is drawn with the seed: another seed means other blocks.
         "held_out_split": {"fraction": hparams["validation_split"], "seed": hparams["seed"]}
         if held_out
         else None,
-        "mix": (
-            {"probability": hparams["mix_probability"], "seed": hparams["seed"]}
-            if hparams.get("mix_probability")
-            else None
-        ),
+        # General text for replay is its own split (``mix``); the rate is drawn at sampling time.
+        "mix": {"files": [Path(f).name for f in hparams["mix_files"]]} if hparams.get("mix_files") else None,
     }
 
 

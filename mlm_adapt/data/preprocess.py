@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 import datasets
 import numpy as np
 import pyarrow as pa
-from lightning.pytorch.utilities import rank_zero_warn
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.text.blocks import PackedBlocks, pack_blocks
@@ -132,27 +131,3 @@ def to_blocks(
         **map_kwargs,
     )
     return blocks.with_format(None)
-
-
-def mix_documents(
-    domain: datasets.Dataset, general: datasets.Dataset, probability: float, seed: int
-) -> datasets.Dataset:
-    """Interleaves general documents into the domain ones so that ``probability`` of all are general.
-
-    Every domain document is kept; general ones are drawn (seeded, without replacement) to make up the
-    share, and all of them are used when there are too few (with a warning naming ``data.mix_files``).
-    """
-    wanted = round(len(domain) * probability / (1 - probability))
-    if len(general) < wanted:
-        rank_zero_warn(
-            f"data.mix_files: {len(general)} documents, fewer than the {wanted} that data.mix_probability="
-            f"{probability} asks for; all of them are mixed in"
-        )
-    general = general.shuffle(seed=seed).select(range(min(wanted, len(general))))
-    # Without replacement: every document of both sources appears exactly once, in a seeded interleaving.
-    return datasets.interleave_datasets(
-        [domain, general],
-        probabilities=[1 - probability, probability],
-        seed=seed,
-        stopping_strategy="all_exhausted_without_replacement",
-    )

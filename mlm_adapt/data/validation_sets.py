@@ -78,8 +78,8 @@ class ValidationSets:
         return f"data.validation_files.{name}" if self.mapping else "data.validation_files"
 
     def split_key(self, split: str) -> str:
-        """The config key behind a split of the corpus (``train``, ``test`` or a validation set's)."""
-        if split in ("train", "test"):
+        """The config key behind a split of the corpus: ``train``, ``test``, ``mix`` or a validation set's."""
+        if split in ("train", "test", "mix"):
             return f"data.{split}_files"
         return self.key(next(n for n, s in self.splits.items() if s == split))
 

@@ -46,6 +46,12 @@ _DATA_INPUTS = (
 )
 
 
+def _replay(datamodule: Any) -> dict[str, Any]:
+    """What replay under a forgetting budget did in this run (empty without a budget)."""
+    replay = getattr(datamodule, "replay", None)
+    return replay.summary() if replay is not None and replay.budget is not None else {}
+
+
 def _run_dirs(trainer: L.Trainer) -> list[str]:
     """Where the run keeps checkpoints and logs: the root directory, each logger's and checkpoint's."""
     dirs = [trainer.default_root_dir]
@@ -286,6 +292,7 @@ class HFExport(ExportOptions, L.Callback):
             license=self.license,
             tags=self.tags,
             repo_id=self.repo_id if self.push_to_hub else None,
+            replay=_replay(datamodule),
         )
         progress = Progress("export", bars=trainer.progress_bar_callback is not None)
         diff = write_export(model, tokenizer, self._output, info, verify=self.verify, progress=progress)

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
+from mlm_adapt.data.replay import parse_mix_rate
 from mlm_adapt.masking.schedule import parse_schedule
 from mlm_adapt.masking.units import SCHEME_DESCRIPTIONS
 from mlm_adapt.model.metrics import before_after_names, validation_prefix
@@ -35,6 +36,8 @@ class ExportInfo:
         license: License identifier for the card metadata.
         tags: Hub tags.
         repo_id: Hub repository, used in the card's usage example.
+        replay: What general-text replay under ``data.forgetting_budget`` did
+            (:func:`~mlm_adapt.data.replay.replay_summary`): the rate trajectory and whether the budget held.
     """
 
     model_hparams: dict[str, Any] = field(default_factory=dict)
@@ -50,6 +53,7 @@ class ExportInfo:
     license: str = "apache-2.0"
     tags: list[str] = field(default_factory=lambda: list(DEFAULT_TAGS))
     repo_id: str | None = None
+    replay: dict[str, Any] = field(default_factory=dict)
 
     def resolved_config(self) -> str:
         """The YAML written next to the weights: LightningCLI's resolved config, else the hyperparameters."""
@@ -76,7 +80,7 @@ def _is_hub_id(name: str) -> bool:
 
 
 # Card rows whose string values are shown as they are (not formatted as numbers).
-_VERBATIM = ("training data", "masking", "validation data", "mlm_probability")
+_VERBATIM = ("training data", "masking", "validation data", "mlm_probability", "general text replayed")
 
 
 def _masking_rate(value: Any) -> str | None:
@@ -120,6 +124,36 @@ def _training_settings(info: ExportInfo) -> list[tuple[str, Any]]:
         ("accumulate_grad_batches", trainer.get("accumulate_grad_batches")),
     ]
     return [(k, v) for k, v in rows if v is not None]
+
+
+def _replay_rows(data: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The Corpus rows about general-text replay (``data.mix_files``), if the run replayed any."""
+    if not data.get("mix_files"):
+        return []
+    if data.get("forgetting_budget") is None:
+        rate = parse_mix_rate(data.get("mix_probability") or 0.0).describe()
+        return [("general text replayed", f"{_fmt(data['mix_files'])} at mix rate {rate}")]
+    how = f"{_fmt(data['mix_files'])}, mix rate set by data.forgetting_budget={data['forgetting_budget']}"
+    return [("general text replayed", how)]
+
+
+def _replay_lines(replay: dict[str, Any]) -> list[str]:
+    """The Forgetting budget section: every rate change with the check that caused it, and the outcome."""
+    if not replay:
+        return []
+    held = "held" if replay["held"] else "was exceeded"
+    lines = [
+        "",
+        "## Forgetting budget",
+        "",
+        f"General-text replay was steered to keep the general validation perplexity within "
+        f"+{replay['budget']:.0%} of step 0; at the last check it was {replay['last_rise']:+.1%}: the budget "
+        f"{held}. Mean mix rate {replay['mean_rate']:.3f}, final {replay['final_rate']:g}.",
+        "",
+        "| step | general perplexity vs step 0 | mix rate from here |",
+        "|---:|---:|---:|",
+    ]
+    return lines + [f"| {s} | {rise:+.1%} | {rate:g} |" for s, rate, rise in replay["trajectory"]]
 
 
 def _validation_data(data: dict[str, Any]) -> str | None:
@@ -184,7 +218,8 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     files = data.get("train_files") or ([data["dataset_name"]] if data.get("dataset_name") else [])
     if data.get("prepared_dir"):  # the run read only the directory, whatever train_files said
         files = f"the prepared directory `{data['prepared_dir']}` (`python -m mlm_adapt prepare`)"
-    corpus = [("training data", files), ("validation data", _validation_data(data))]
+    corpus = [("training data", files), *_replay_rows(data)]
+    corpus += [("validation data", _validation_data(data))]
     corpus += [(k.replace("_", " "), v) for k, v in info.corpus_stats.items()]
     masking = [
         ("masking", f"{scheme} ({unit}); validation masks whole words whatever the training scheme"),
@@ -204,6 +239,7 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         lines += ["", f"## {heading}", ""] + [
             f"- {k}: {v if isinstance(v, str) and k in _VERBATIM else _fmt(v)}" for k, v in shown
         ]
+    lines += _replay_lines(info.replay)
     lines += [
         "",
         f"The full resolved training configuration is in [`{CONFIG_FILENAME}`]({CONFIG_FILENAME}).",

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlm_adapt.data import MLMDataModule
 from mlm_adapt.data.progress import Progress
+from mlm_adapt.data.replay import replay_summary
 from mlm_adapt.export.callback import HFExport, hparams_inputs
 from mlm_adapt.export.card import ExportInfo, val_metrics_at
 from mlm_adapt.export.hub import check_hub_access, push_folder
@@ -86,6 +88,10 @@ def export_checkpoint(
         license=options.license,
         tags=list(options.tags),
         repo_id=options.repo_id if options.push_to_hub else None,
+        replay=replay_summary(
+            (checkpoint.get(MLMDataModule.__qualname__) or {}).get("replay"),
+            (checkpoint.get("datamodule_hyper_parameters") or {}).get("forgetting_budget"),
+        ),
     )
     diff = write_export(module.model, tokenizer, output, info, verify=options.verify, progress=progress)
     url = None

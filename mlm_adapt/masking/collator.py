@@ -124,13 +124,15 @@ class WholeWordMaskCollator:
 
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Collates examples with ``input_ids`` and ``word_ids`` (optionally ``example_id``, ``epoch``,
-        ``mask_rate``); ``maskable_tokens`` counts the tokens that could have been masked (the denominator
-        of the realized masking rate)."""
+        ``mask_rate``); ``maskable_tokens`` counts each row's tokens that could have been masked (the
+        denominator of the realized masking rate); ``example_keys`` are the rows' masking keys, which also
+        decide general-text replay (:mod:`mlm_adapt.data.replay`)."""
         batch = self.pad(features)
         keys = self.keys(features)
         special = np.take(self.is_special, batch["input_ids"].numpy(), mode="clip")
         maskable = (batch["word_ids"] >= 0) & ~torch.from_numpy(special)
-        batch["maskable_tokens"] = maskable.sum()
+        batch["maskable_tokens"] = maskable.sum(1)
+        batch["example_keys"] = keys
         if self.document_attention:
             batch.update(self.documents(batch["input_ids"], batch["word_ids"], batch["attention_mask"]))
         batch["input_ids"], batch["labels"] = whole_word_mask(

@@ -61,12 +61,20 @@ class MaskingSchedule:
         return f"{steps} of the optimizer steps (piecewise linear)"
 
 
-def parse_schedule(value: RateSpec, key: str = "data.mlm_probability") -> MaskingSchedule:
+def parse_schedule(
+    value: RateSpec, key: str = "data.mlm_probability", zero_allowed: bool = False, example: str = _EXAMPLE
+) -> MaskingSchedule:
     """Reads a rate or a list of ``[fraction_of_training, rate]`` points; bad values give one line.
 
+    Args:
+        value: The configured value.
+        key: The config key, for messages.
+        zero_allowed: Rates may be 0 (a mixing rate), not only in (0, 1) (a masking rate).
+        example: A valid value, for messages.
+
     Raises:
-        MLMAdaptError: A rate outside (0, 1), fractions outside [0, 1] or not strictly increasing, or a
-            malformed point, naming ``key``.
+        MLMAdaptError: A rate outside (0, 1) (or [0, 1)), fractions outside [0, 1] or not strictly
+            increasing, or a malformed point, naming ``key``.
     """
     if isinstance(value, int | float) and not isinstance(value, bool):
         points = ((0.0, float(value)),)
@@ -75,18 +83,20 @@ def parse_schedule(value: RateSpec, key: str = "data.mlm_probability") -> Maskin
             points = tuple((float(f), float(r)) for f, r in value)
         except (TypeError, ValueError):
             raise MLMAdaptError(
-                f"{key}={value!r}: every point must be a [fraction_of_training, rate] pair; {_EXAMPLE}"
+                f"{key}={value!r}: every point must be a [fraction_of_training, rate] pair; {example}"
             ) from None
     else:
         raise MLMAdaptError(
-            f"{key}={value!r} must be a rate or a list of [fraction, rate] points; {_EXAMPLE}"
+            f"{key}={value!r} must be a rate or a list of [fraction, rate] points; {example}"
         )
     for fraction, rate in points:
-        if not 0.0 < rate < 1.0 or math.isnan(rate):
-            raise MLMAdaptError(f"{key}: rate {rate} must be in (0, 1); {_EXAMPLE}")
+        lowest_ok = rate >= 0.0 if zero_allowed else rate > 0.0
+        if not lowest_ok or not rate < 1.0 or math.isnan(rate):
+            interval = "[0, 1)" if zero_allowed else "(0, 1)"
+            raise MLMAdaptError(f"{key}: rate {rate} must be in {interval}; {example}")
         if not 0.0 <= fraction <= 1.0 or math.isnan(fraction):
             raise MLMAdaptError(f"{key}: fraction {fraction} must be in [0, 1] (of the optimizer steps)")
     fractions = [f for f, _ in points]
     if any(b <= a for a, b in zip(fractions, fractions[1:], strict=False)):
-        raise MLMAdaptError(f"{key}: fractions {fractions} must be strictly increasing; {_EXAMPLE}")
+        raise MLMAdaptError(f"{key}: fractions {fractions} must be strictly increasing; {example}")
     return MaskingSchedule(points)

@@ -281,6 +281,8 @@ class MaskedLMModule(L.LightningModule):
             maskable = batch["maskable_tokens"].sum().clamp(min=1)
             rate = (batch["labels"] != -100).sum() / maskable
             self.log("train/mask_rate", rate.float(), batch_size=batch["input_ids"].shape[0])
+        if "mix_rate" in batch:  # general-text replay (data.mix_files): the step's rate
+            self.log("train/mix_rate", batch["mix_rate"].float(), batch_size=batch["input_ids"].shape[0])
         return self._shared_step(batch, "train")
 
     @override

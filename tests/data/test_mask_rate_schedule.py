@@ -44,7 +44,7 @@ def _attach_trainer(dm, world_size=1, rank=0, accumulate=ACCUMULATE):
 
 
 def _rate(batch) -> float:
-    return float((batch["labels"] != -100).sum()) / float(batch["maskable_tokens"])
+    return float((batch["labels"] != -100).sum()) / float(batch["maskable_tokens"].sum())
 
 
 def test_batches_map_to_the_optimizer_step_they_feed():

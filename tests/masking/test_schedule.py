@@ -97,7 +97,7 @@ def test_realized_rate_and_80_10_10_hold_at_every_rate(tokenizer, rate):
         batch = collator(_features(tokenizer, 16, seed=batch_index, rate=rate))
         selected = batch["labels"] != -100
         masked += int(selected.sum())
-        maskable += int(batch["maskable_tokens"])
+        maskable += int(batch["maskable_tokens"].sum())
         as_mask += int((batch["input_ids"][selected] == tokenizer.mask_token_id).sum())
         unchanged += int((batch["input_ids"][selected] == batch["labels"][selected]).sum())
     assert abs(masked / maskable - rate) <= 0.01
