@@ -17,9 +17,7 @@ from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
 from mlm_adapt.data.arguments import check_arguments, check_budget
-from mlm_adapt.data.collators import check_masking, make_collator, train_collator
 from mlm_adapt.data.loader_state import WorkerCountFreeLoader
-from mlm_adapt.data.mask_rates import MaskRates, Stepping, trainer_stepping
 from mlm_adapt.data.prepared import arrow_sum, describe_stats, load_prepared, prepared_stats
 from mlm_adapt.data.preprocess import BLOCK_FEATURES, drop_empty, to_blocks
 from mlm_adapt.data.replay import Replay, parse_mix_rate
@@ -35,7 +33,15 @@ from mlm_adapt.data.validation_sets import (
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.locks import locked
 from mlm_adapt.masking import MaskingScheme, WholeWordMaskCollator
-from mlm_adapt.masking.schedule import RateSpec
+from mlm_adapt.masking.sampler import check_probabilities
+from mlm_adapt.masking.schedule import (
+    MaskingSchedule,
+    MaskRates,
+    RateSpec,
+    Stepping,
+    parse_schedule,
+    trainer_stepping,
+)
 from mlm_adapt.text.chinese_variants import OpenCCConfig
 from mlm_adapt.text.corpus import expand_files, load_files, load_hub
 from mlm_adapt.text.segmentation import BuiltinSegmenter, Segmentation, WordSegmenter
@@ -43,6 +49,43 @@ from mlm_adapt.text.tokenizer import load_tokenizer
 
 # The lock that lets one process of a job fill a shared ``datasets`` cache (``.preprocessing.lock`` in it).
 PREPROCESS_LOCK = "preprocessing"
+
+
+def check_masking(hparams: Any) -> MaskingSchedule:
+    """Validates ``MLMDataModule``'s masking (and document attention) settings; returns the schedule."""
+    schedule = parse_schedule(hparams["mlm_probability"])
+    eval_rate = hparams.get("eval_mlm_probability", 0.15)
+    if isinstance(eval_rate, bool) or not isinstance(eval_rate, int | float) or not 0.0 < eval_rate < 1.0:
+        raise MLMAdaptError(f"data.eval_mlm_probability={eval_rate!r} must be a rate in (0, 1), e.g. 0.15")
+    check_probabilities(schedule.initial_rate, hparams["mask_replace_prob"], hparams["random_replace_prob"])
+    if hparams.get("document_attention") and hparams.get("streaming"):
+        raise MLMAdaptError(
+            "data.document_attention is not available with data.streaming; set one of them to false"
+        )
+    if not schedule.constant and hparams.get("streaming"):
+        # A stream has no loader positions to derive steps from (workers split files, not batches).
+        raise MLMAdaptError(
+            "data.mlm_probability: a masking-rate schedule needs a map-style corpus; "
+            "set data.streaming: false or use one rate"
+        )
+    return schedule
+
+
+def make_collator(
+    tokenizer: PreTrainedTokenizerBase, hparams: Any, masking: MaskingScheme, rate: float
+) -> WholeWordMaskCollator:
+    """A collator with the DataModule's replacement probabilities, padding and seed."""
+    return WholeWordMaskCollator(
+        tokenizer,
+        mlm_probability=rate,
+        mask_replace_prob=hparams["mask_replace_prob"],
+        random_replace_prob=hparams["random_replace_prob"],
+        pad_to_multiple_of=hparams["pad_to_multiple_of"],
+        seed=hparams["seed"],
+        masking=masking,
+        # Unpacked blocks hold one document each: nothing to separate.
+        document_attention=bool(hparams.get("document_attention")) and hparams["packing"],
+    )
 
 
 class MLMDataModule(L.LightningDataModule):
@@ -202,8 +245,12 @@ class MLMDataModule(L.LightningDataModule):
 
     @cached_property
     def train_collator(self) -> WholeWordMaskCollator:
-        """The training collator, masking ``data.masking`` units at the scheduled rate."""
-        return train_collator(self.tokenizer, self.hparams, self.collator)
+        """The training collator: ``data.masking`` units at the schedule's rate (the sampler attaches each
+        batch's rate when the schedule is not constant); the validation collator when it is the same."""
+        rate, masking = self.masking_schedule.initial_rate, self.hparams.masking
+        if masking == "whole_word" and rate == self.collator.mlm_probability:
+            return self.collator
+        return make_collator(self.tokenizer, self.hparams, masking, rate)
 
     def _read_files(self, key: str, files: list[str] | None = None) -> datasets.Dataset:
         """The documents of ``files`` (default: ``data.<key>``), empty lines dropped; errors name ``key``."""

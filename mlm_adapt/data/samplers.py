@@ -1,4 +1,4 @@
-"""Samplers of the training loader: ``(epoch, index)`` keys for the masking hash, optional length grouping."""
+"""Samplers of the training loader: ``ExampleKey`` s (epoch, index) for the masking hash, length grouping."""
 
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 from typing_extensions import override
 
-from mlm_adapt.data.mask_rates import MaskRates
+from mlm_adapt.masking.schedule import ExampleKey, MaskRates
 
 
 class EpochSampler(DistributedSampler):
-    """A ``DistributedSampler`` that yields ``(epoch, index)`` so the collator can draw new masks each epoch.
+    """A ``DistributedSampler`` that yields :class:`~mlm_adapt.masking.schedule.ExampleKey` s (epoch and
+    index) so the collator can draw new masks each epoch.
 
     Lightning calls ``set_epoch`` on it at every epoch start and, since it already is a
     ``DistributedSampler``, does not replace it under DDP. With ``mask_rates`` set (a masking-rate
-    schedule), it yields ``(epoch, index, rate)``: the rate of the optimizer step the example's batch feeds.
+    schedule), each key carries the rate of the optimizer step the example's batch feeds.
     """
 
     mask_rates: MaskRates | None = None
@@ -30,7 +31,7 @@ class EpochSampler(DistributedSampler):
         epoch = self.epoch
         if self.mask_rates is not None:
             return self.mask_rates.keyed(epoch, indices, len(self))
-        return ((epoch, index) for index in indices)
+        return (ExampleKey(epoch, index) for index in indices)
 
     @override
     def __iter__(self):
@@ -44,7 +45,7 @@ class LengthGroupedEpochSampler(EpochSampler):
     mega-batches of ``megabatch_size`` examples per rank, each sorted by length (longest first), and then
     dealt out round-robin to the ranks, so that every rank's batch ``i`` has similar lengths too (no rank
     waits for a longer one). Padding and ``drop_last`` follow ``DistributedSampler``; it yields
-    ``(epoch, index)``, so each example keeps its masks: only which examples share a batch changes.
+    ``ExampleKey`` s, so each example keeps its masks: only which examples share a batch changes.
 
     Args:
         dataset: The dataset (only its length is used).
@@ -104,13 +105,13 @@ class KeyedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.blocks)
 
-    def __getitem__(self, key: int | tuple[int, int] | tuple[int, int, float]) -> dict[str, Any]:
-        epoch, index, *rate = key if isinstance(key, tuple) else (0, key)
+    def __getitem__(self, key: int | tuple) -> dict[str, Any]:
+        epoch, index, rate = ExampleKey(*key) if isinstance(key, tuple) else ExampleKey(0, key)
         row = self.blocks[int(index)]
         item = {"input_ids": row["input_ids"], "word_ids": row["word_ids"]}
         item.update(example_id=index, epoch=epoch)
-        if rate:
-            item["mask_rate"] = rate[0]
+        if rate is not None:
+            item["mask_rate"] = rate
         return item
 
 

@@ -11,9 +11,9 @@ from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking.hashing import example_keys
-from mlm_adapt.masking.sampler import check_probabilities, ordinary_token_ids, whole_word_mask
+from mlm_adapt.masking.sampler import check_probabilities, whole_word_mask
 from mlm_adapt.masking.units import MaskingScheme, masking_units
-from mlm_adapt.text.vocabulary import block_special_ids
+from mlm_adapt.text.vocabulary import block_special_ids, ordinary_token_ids
 
 
 class WholeWordMaskCollator:
@@ -59,7 +59,7 @@ class WholeWordMaskCollator:
             )
         self.mask_token_id = tokenizer.mask_token_id
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.random_token_ids = ordinary_token_ids(tokenizer)
+        self.random_token_ids = torch.tensor(ordinary_token_ids(tokenizer), dtype=torch.int64)
         self.special_token_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.int64)
         # A per-id table: one gather instead of torch.isin over the batch. Ids past the tokenizer (which no
         # embedding could look up either) are clipped onto the last entry rather than raising here.

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking.hashing import key_array, uniform_at_np, uniform_np
-from mlm_adapt.text import vocabulary
 
 
 def _word_order(order_key: np.ndarray, present: np.ndarray) -> torch.Tensor:
@@ -38,13 +36,6 @@ def _word_order(order_key: np.ndarray, present: np.ndarray) -> torch.Tensor:
     composite = bits * width + np.arange(width, dtype=np.int64)
     composite.sort(axis=1)
     return torch.from_numpy(composite % width)
-
-
-def ordinary_token_ids(tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
-    """Ids random replacements are drawn from, as a tensor: the rule of
-    :func:`mlm_adapt.text.vocabulary.ordinary_token_ids` (no special tokens, no ``##`` continuations, no bare
-    ``▁``, no byte pieces that are not a whole character)."""
-    return torch.tensor(vocabulary.ordinary_token_ids(tokenizer), dtype=torch.int64)
 
 
 def whole_word_mask(

@@ -1,17 +1,32 @@
-"""Masking-rate schedules: ``data.mlm_probability`` as a rate or piecewise-linear ``[fraction, rate]`` points.
+"""The masking rate, from the config to each example: ``data.mlm_probability`` as a rate or a schedule.
 
-The rate of a training batch is a function of the fraction of the run's optimizer steps done when the batch
-contributes to a step (``step / trainer.estimated_stepping_batches``), nothing else: every DDP rank, every
-DataLoader worker and a resumed run compute the same rate for the same batch (see
-:mod:`mlm_adapt.data.mask_rates`, which turns loader positions into steps). Published schedules, ready to
-copy, are in ``docs/recipe.md``.
+The whole path, in one place:
+
+1. :func:`parse_schedule` reads ``data.mlm_probability`` (a rate, or piecewise-linear
+   ``[fraction_of_training, rate]`` points) into a :class:`MaskingSchedule`; the DataModule does it once, at
+   construction, and refuses a bad value in one line.
+2. The training sampler (``mlm_adapt.data.samplers.EpochSampler``) runs in the main process and knows each
+   example's position in the epoch, hence its batch and the optimizer step that batch feeds
+   (:class:`Stepping`, from the trainer's settings by :func:`trainer_stepping`). With a schedule that is not
+   constant, :class:`MaskRates` turns each position into an :class:`ExampleKey` carrying the rate of that
+   step.
+3. ``KeyedDataset`` passes the key's ``mask_rate`` on with the example, and the collator
+   (:class:`~mlm_adapt.masking.collator.WholeWordMaskCollator`, in a DataLoader worker) masks each example
+   at its own rate (``rates()``); a constant schedule needs no key: the collator's ``mlm_probability``.
+4. The module logs the realized rate as ``train/mask_rate``.
+
+The rate of a batch is therefore a function of the fraction of the run's optimizer steps done when it feeds
+a step (``step / trainer.estimated_stepping_batches``), nothing else: every DDP rank, every worker layout and
+a resumed run (the ``StatefulDataLoader`` restores the sampler's position) compute the same rate for the same
+batch. Published schedules, ready to copy, are in ``docs/recipe.md``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from mlm_adapt.errors import MLMAdaptError
 
@@ -100,3 +115,85 @@ def parse_schedule(
     if any(b <= a for a, b in zip(fractions, fractions[1:], strict=False)):
         raise MLMAdaptError(f"{key}: fractions {fractions} must be strictly increasing; {example}")
     return MaskingSchedule(points)
+
+
+class ExampleKey(NamedTuple):
+    """What the training sampler yields for one example: its epoch and index (the masking hash's inputs) and,
+    under a masking-rate schedule, the rate of the optimizer step its batch feeds."""
+
+    epoch: int
+    index: int
+    mask_rate: float | None = None
+
+
+@dataclass(frozen=True)
+class Stepping:
+    """How loader batches map to optimizer steps.
+
+    Args:
+        batches_per_epoch: Training batches per epoch and rank (``trainer.num_training_batches``).
+        accumulate: ``trainer.accumulate_grad_batches``.
+        total_steps: Optimizer steps of the run (``trainer.estimated_stepping_batches``).
+    """
+
+    batches_per_epoch: int
+    accumulate: int
+    total_steps: int
+
+    def step(self, epoch: int, batch_in_epoch: int) -> int:
+        """The 0-based optimizer step a batch contributes to."""
+        steps_per_epoch = math.ceil(self.batches_per_epoch / self.accumulate)
+        return epoch * steps_per_epoch + batch_in_epoch // self.accumulate
+
+
+def trainer_stepping(trainer: Any, loader_batches: int) -> Stepping:
+    """The :class:`Stepping` of a Lightning trainer for a train loader of ``loader_batches`` batches.
+
+    Computed from the trainer's settings with Lightning's own rules (``limit_train_batches``, a step at the
+    end of every epoch, ``estimated_stepping_batches``) rather than read from ``num_training_batches``: an
+    exact resume fast-forwards the sampler before Lightning has counted the batches.
+
+    Raises:
+        MLMAdaptError: When the run has no length (``max_steps`` and ``max_epochs`` both unlimited).
+    """
+    limit = trainer.limit_train_batches
+    batches = min(loader_batches, limit) if isinstance(limit, int) else int(loader_batches * limit)
+    accumulate = int(trainer.accumulate_grad_batches)
+    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+    if max_epochs is None or max_epochs == -1:
+        if max_steps is None or max_steps < 0:
+            raise MLMAdaptError(
+                "data.mlm_probability: a masking-rate schedule needs a run length; "
+                "set trainer.max_steps or trainer.max_epochs"
+            )
+        total = max_steps
+    else:
+        total = math.ceil(batches / accumulate) * max(max_epochs, 1)
+        total = min(total, max_steps) if max_steps is not None and max_steps != -1 else total
+    return Stepping(batches, accumulate, int(total))
+
+
+class MaskRates:
+    """Turns the indices a sampler draws into :class:`ExampleKey` s carrying the scheduled masking rate.
+
+    Args:
+        schedule: The masking-rate schedule.
+        batch_size: Examples per batch and rank.
+        stepping: Called once per epoch with the number of loader batches: the :class:`Stepping`.
+    """
+
+    def __init__(self, schedule: MaskingSchedule, batch_size: int, stepping: Callable[[int], Stepping]):
+        self.schedule = schedule
+        self.batch_size = batch_size
+        self.stepping = stepping
+
+    def keyed(self, epoch: int, indices: Iterable[int], n_indices: int) -> Iterator[ExampleKey]:
+        """The keys of this rank's ``n_indices`` indices of an epoch, in order."""
+        stepping = self.stepping(math.ceil(n_indices / self.batch_size))
+        rate, last_batch = 0.0, -1
+        for position, index in enumerate(indices):
+            batch = position // self.batch_size
+            if batch != last_batch:
+                step = stepping.step(epoch, batch)
+                rate, last_batch = self.schedule.rate_at_step(step, stepping.total_steps), batch
+            yield ExampleKey(epoch, index, rate)

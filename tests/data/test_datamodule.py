@@ -81,10 +81,10 @@ def test_train_loader_tags_examples_with_epoch_and_differs_per_epoch(tiny_model_
     loader = data.train_dataloader()
     assert isinstance(loader.sampler, EpochSampler)
     keys = list(loader.sampler)
-    assert all(epoch == 0 for epoch, _ in keys) and len({i for _, i in keys}) == len(data.train_dataset)
+    assert all(key.epoch == 0 for key in keys) and len({key.index for key in keys}) == len(data.train_dataset)
     first = next(iter(loader))["labels"]
     loader.sampler.set_epoch(1)
-    assert {e for e, _ in loader.sampler} == {1}
+    assert {key.epoch for key in loader.sampler} == {1}
     assert not next(iter(loader))["labels"].equal(first)
     val_first = next(iter(data.val_dataloader()))
     assert next(iter(data.val_dataloader()))["labels"].equal(val_first["labels"])
@@ -96,7 +96,7 @@ def test_ranks_get_disjoint_equal_shards(tiny_model_dir, corpus_file, tmp_path):
     shards = []
     for rank in (0, 1):
         data.trainer = type("FakeTrainer", (), {"world_size": 2, "global_rank": rank})()
-        shards.append([i for _, i in data.train_dataloader().sampler])
+        shards.append([key.index for key in data.train_dataloader().sampler])
     assert len(shards[0]) == len(shards[1]) == len(data.train_dataset) // 2
     assert not set(shards[0]) & set(shards[1])
 

@@ -10,10 +10,9 @@ import pytest
 import torch
 from conftest import make_datamodule, quiet_trainer
 
-from mlm_adapt.data.mask_rates import Stepping, trainer_stepping
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import ExportInfo, render_model_card
-from mlm_adapt.masking.schedule import parse_schedule
+from mlm_adapt.masking.schedule import Stepping, parse_schedule, trainer_stepping
 from mlm_adapt.model import MaskedLMModule
 
 DECAY = [[0.0, 0.30], [1.0, 0.15]]

@@ -149,7 +149,9 @@ def test_prepare_writes_general_blocks_that_fit_replays_like_the_direct_path(
     settings = {"mix_files": [str(general_file)], "mix_probability": 0.3}
     target = tmp_path / "prepared"
     manifest = prepare_corpus(
-        make_datamodule(tiny_model_dir, corpus_file, tmp_path / "a", **settings), target, Progress("p", bars=False)
+        make_datamodule(tiny_model_dir, corpus_file, tmp_path / "a", **settings),
+        target,
+        Progress("p", bars=False),
     )
     assert manifest["splits"]["mix"]["documents"] == 400
     direct = make_datamodule(tiny_model_dir, corpus_file, tmp_path / "b", **settings)
@@ -162,7 +164,8 @@ def test_prepare_writes_general_blocks_that_fit_replays_like_the_direct_path(
     assert blocks[0] == blocks[1]
     batch = next(iter(direct.train_dataloader()))
     mixed = [
-        dm.replay.mix(dict(batch), 0.3, dm.train_collator, dm.tokenizer.pad_token_id) for dm in (direct, loaded)
+        dm.replay.mix(dict(batch), 0.3, dm.train_collator, dm.tokenizer.pad_token_id)
+        for dm in (direct, loaded)
     ]
     assert all(torch.equal(mixed[0][k], mixed[1][k]) for k in mixed[0])
 
@@ -188,7 +191,9 @@ def _fit_batches(tiny_model_dir, corpus_file, general_file, tmp_path, steps=6, *
     return seen, datamodule
 
 
-def test_replayed_rows_are_general_blocks_masked_like_training(tiny_model_dir, corpus_file, general_file, tmp_path):
+def test_replayed_rows_are_general_blocks_masked_like_training(
+    tiny_model_dir, corpus_file, general_file, tmp_path
+):
     seen, datamodule = _fit_batches(tiny_model_dir, corpus_file, general_file, tmp_path, mix_probability=0.5)
     general = {tuple(r) for r in datamodule.replay.general["input_ids"]}
     domain = {tuple(r) for r in datamodule.train_dataset["input_ids"]}

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.masking.hashing import mix32
-from mlm_adapt.masking.sampler import ordinary_token_ids
 from mlm_adapt.text.blocks import build_blocks
 from mlm_adapt.text.segmentation import Segmenter
 from mlm_adapt.text.tokens import tokenize_with_word_ids
+from mlm_adapt.text.vocabulary import ordinary_token_ids
 
 
 def lowbias32_reference(x: int) -> int:
@@ -32,7 +32,7 @@ def test_vectorized_hash_matches_python_reference(values):
 
 def make_features(tokenizer, word_lengths_per_example, epoch=0, first_id=0):
     """Examples [CLS] words... [SEP] with ordinary token ids and compact word ids."""
-    vocab = ordinary_token_ids(tokenizer).tolist()
+    vocab = ordinary_token_ids(tokenizer)
     features = []
     for n, lengths in enumerate(word_lengths_per_example):
         ids, wids = [tokenizer.cls_token_id], [-1]
@@ -86,7 +86,7 @@ def test_random_replacements_are_ordinary_tokens(tokenizer, word_lengths):
     collator = WholeWordMaskCollator(tokenizer, mask_replace_prob=0.0, random_replace_prob=1.0)
     batch = collator(make_features(tokenizer, word_lengths))
     replaced = batch["input_ids"][batch["labels"] != -100]
-    allowed = set(ordinary_token_ids(tokenizer).tolist())
+    allowed = set(ordinary_token_ids(tokenizer))
     assert set(replaced.tolist()) <= allowed
     vocab = tokenizer.convert_ids_to_tokens(sorted(allowed))
     assert not any(t.startswith("##") or t in tokenizer.all_special_tokens for t in vocab)

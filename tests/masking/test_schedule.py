@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import WholeWordMaskCollator
-from mlm_adapt.masking.sampler import ordinary_token_ids
 from mlm_adapt.masking.schedule import parse_schedule
+from mlm_adapt.text.vocabulary import ordinary_token_ids
 
 CHINESE_MODERNBERT = [[0.0, 0.15], [0.06, 0.30], [1.0, 0.15]]
 
@@ -72,7 +72,7 @@ def test_bad_schedules_give_one_line(value, fragment):
 def _features(tokenizer, n_examples, seed=0, rate=None):
     """Examples of 2-60 words of 1-4 tokens, each optionally carrying a ``mask_rate``."""
     rng = np.random.default_rng(seed)
-    vocab = ordinary_token_ids(tokenizer).tolist()
+    vocab = ordinary_token_ids(tokenizer)
     features = []
     for n in range(n_examples):
         lengths = rng.integers(1, 5, size=int(rng.integers(2, 60)))

@@ -113,9 +113,9 @@ def test_length_grouped_sampler_keeps_distributed_semantics(world, drop_last):
             s.set_epoch(epoch)
         got = [list(s) for s in grouped]
         want = [list(s) for s in plain]
-        assert all(e == epoch for rank in got for e, _ in rank)  # (epoch, index) pairs
+        assert all(key.epoch == epoch for rank in got for key in rank)
         assert [len(r) for r in got] == [len(r) for r in want]
-        assert sorted(i for r in got for _, i in r) == sorted(i for r in want for _, i in r)  # same examples
+        assert sorted(k.index for r in got for k in r) == sorted(k.index for r in want for k in r)
     assert isinstance(grouped[0], torch.utils.data.DistributedSampler)
     grouped[0].set_epoch(0)
     first = list(grouped[0])

@@ -106,8 +106,8 @@ def test_epoch_sampler_shards_are_disjoint_cover_the_data_and_reshuffle_per_epoc
         for sampler in samplers:
             sampler.set_epoch(epoch)
             items = list(sampler)
-            assert {e for e, _ in items} == {epoch}
-            shards.append([i for _, i in items])
+            assert {key.epoch for key in items} == {epoch}
+            shards.append([key.index for key in items])
         assert len(shards[0]) == len(shards[1])  # same number of batches on both ranks
         # DistributedSampler pads an odd total with one repeated index; everything else is disjoint.
         assert len(set(shards[0]) & set(shards[1])) <= 1
