@@ -105,8 +105,8 @@ def run_variant(variant: str, train: int, test: int, threads: int) -> dict:
     """One evaluation in this process; the figures as a dict."""
     import torch
 
+    from mlm_adapt.data.progress import Progress
     from mlm_adapt.downstream import DownstreamEvaluation, features
-    from mlm_adapt.downstream.progress import Progress
 
     torch.set_num_threads(threads)
     BENCH_DIR.mkdir(parents=True, exist_ok=True)
@@ -119,7 +119,9 @@ def run_variant(variant: str, train: int, test: int, threads: int) -> dict:
         tasks=[task], max_train_examples=train, max_test_examples=test, cache_dir=str(BENCH_DIR / "cache")
     )
     evaluation.prepare(tokenizer, max_length=128)
-    evaluation.progress = Progress(lambda line: print(line, file=sys.stderr, flush=True))
+    evaluation.progress = Progress(
+        "downstream", bars=False, sink=lambda line: print(line, file=sys.stderr, flush=True)
+    )
     with PeakRSS() as memory:
         start = time.perf_counter()
         metrics = evaluation.evaluate(model)

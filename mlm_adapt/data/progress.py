@@ -1,16 +1,18 @@
-"""Progress of long commands: a tqdm bar as Lightning's, or one line per phase when bars are off.
+"""Progress of long work (``prepare``, ``export``, downstream evaluation): a tqdm bar as Lightning's, or one
+line per phase when bars are off.
 
 Cluster jobs pass ``--trainer.enable_progress_bar false``: carriage-return bars would fill their log files,
 yet minutes of silence look like a hang. With bars off, every phase still logs one line at its start and one
 with its duration (``mlm_adapt prepare: writing train shards done in 12.3 s``), and the bars of
-``datasets`` and ``huggingface_hub`` (uploads) are silenced too.
+``datasets`` and ``huggingface_hub`` (uploads) are silenced too. Counted phases (:meth:`Progress.counted`:
+feature extraction, probe fits, fine-tuning steps) log one line with their count and duration.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 import datasets
@@ -43,18 +45,43 @@ class Progress:
     """Bars (``bars=True``) or one line per phase with its duration (``bars=False``).
 
     Args:
-        command: The command's name, the prefix of every line (``prepare``, ``export``).
+        command: The command's name, the prefix of every line (``prepare``, ``export``, ``downstream``).
         bars: Show tqdm bars; ``False`` logs phase lines instead (``trainer.enable_progress_bar``).
+        sink: Where lines go (default: rank 0's log); ``None``: nowhere.
     """
 
-    def __init__(self, command: str, bars: bool = True):
+    def __init__(self, command: str, bars: bool = True, sink: Callable[[str], None] | None = rank_zero_info):
         self.command = command
         self.bars = bars
+        self.sink = sink
         self._stage_bar: tqdm | None = None
 
     def log(self, message: str) -> None:
-        """One ``mlm_adapt <command>: message`` line (rank 0 only)."""
-        rank_zero_info(f"mlm_adapt {self.command}: {message}")
+        """One ``mlm_adapt <command>: message`` line."""
+        if self.sink is not None:
+            self.sink(f"mlm_adapt {self.command}: {message}")
+
+    def note(self, message: str) -> None:
+        """A line that bars make redundant: logged only when bars are off."""
+        if not self.bars:
+            self.log(message)
+
+    @contextlib.contextmanager
+    def counted(self, what: str, total: int, unit: str) -> Iterator[Callable[[int], None]]:
+        """A phase of ``total`` ``unit``: yields the function that advances its bar by a count; without
+        bars, one line with the count and the duration at its end."""
+        start = time.perf_counter()
+        bar = (
+            tqdm(total=total, desc=what, unit=f" {unit}", leave=False, dynamic_ncols=True)
+            if self.bars
+            else None
+        )
+        try:
+            yield bar.update if bar is not None else (lambda count: None)
+        finally:
+            if bar is not None:
+                bar.close()
+        self.note(f"{what}: {total:,} {unit} in {time.perf_counter() - start:.1f} s")
 
     @contextlib.contextmanager
     def stages(self, total: int, desc: str) -> Iterator[None]:
@@ -91,3 +118,6 @@ class Progress:
         if not self.bars:
             return items
         return tqdm(items, total=total, desc=desc, unit=unit, dynamic_ncols=True)
+
+
+SILENT = Progress("downstream", bars=False, sink=None)

@@ -13,9 +13,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
+from mlm_adapt.data.progress import SILENT, Progress
 from mlm_adapt.downstream.evaluate import Method, TaskEvaluator
 from mlm_adapt.downstream.features import Pooling
-from mlm_adapt.downstream.progress import Progress
 from mlm_adapt.downstream.tasks import load_task, parse_task
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.corpus import expand_files
@@ -132,7 +132,7 @@ class DownstreamEvaluation(L.Callback):
         # Steps scored outside a validation pass (step 0 before the baseline validation, a fine-tune's end).
         self.outside_validation: set[int] = set()
         self.validations = 0  # validations of fit after step 0 (every_n_validations counts these)
-        self.progress = Progress()
+        self.progress = SILENT
         self.feature_dtype = torch.float32
 
     @property
@@ -193,7 +193,7 @@ class DownstreamEvaluation(L.Callback):
         start = time.perf_counter()
         metrics: dict[str, float] = {}
         devices = [model.device] if model.device.type == "cuda" else []
-        self.progress.line(f"{self.method} of {'; '.join(e.describe() for e in self.evaluators)}")
+        self.progress.note(f"{self.method} of {'; '.join(e.describe() for e in self.evaluators)}")
         # Evaluation must not change the training run: the probe draws no random numbers, but fine-tunes
         # (dropout, head init) do, so the generator state is restored afterwards.
         with torch.random.fork_rng(devices=devices):
@@ -254,7 +254,7 @@ class DownstreamEvaluation(L.Callback):
         """Progress as the trainer shows it (bars on rank 0, else one line per phase); features stored in the
         precision the model runs in."""
         bar = trainer.progress_bar_callback is not None and trainer.is_global_zero
-        self.progress = Progress(rank_zero_info, bar=bar)
+        self.progress = Progress("downstream", bars=bar)
         precision = str(trainer.precision)
         self.feature_dtype = (
             torch.bfloat16

@@ -10,9 +10,9 @@ from typing import Literal
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from mlm_adapt.data.progress import SILENT, Progress
 from mlm_adapt.downstream.features import Pooling, example_order, extract_features
 from mlm_adapt.downstream.finetune import finetune, predict
-from mlm_adapt.downstream.progress import SILENT, Progress
 from mlm_adapt.downstream.scores import Score, mean_std
 from mlm_adapt.downstream.spec import TaskSplit
 from mlm_adapt.downstream.tasks import LoadedTask
@@ -96,12 +96,12 @@ class TaskEvaluator:
         )
         features = {}
         for split, encoding in (("train", self.train), ("test", self.test)):
-            with progress.phase(
+            with progress.counted(
                 f"{self.name} linear_probe {split} features", len(encoding), "rows"
             ) as advance:
                 features[split] = extract_features(model, self.tokenizer, encoding, advance=advance, **args)
         (x_train, y_train, _), (x_test, _, placed) = features["train"], features["test"]
-        with progress.phase(f"{self.name} linear_probe fit", len(x_train), "vectors"):
+        with progress.counted(f"{self.name} linear_probe fit", len(x_train), "vectors"):
             probe = self.kind.probe(l2).fit(x_train, y_train, len(self.label_names))
             preds = probe.predict(x_test)
         return self.kind.score(preds, placed, self.test_targets, self.label_names, bootstrap)
@@ -129,7 +129,7 @@ class TaskEvaluator:
         """
         runs = []
         for seed in range(seeds):
-            with progress.phase(f"{self.name} finetune seed {seed}", steps, "steps") as advance:
+            with progress.counted(f"{self.name} finetune seed {seed}", steps, "steps") as advance:
                 classifier = finetune(
                     model,
                     self.tokenizer,
@@ -144,7 +144,7 @@ class TaskEvaluator:
                     advance,
                 )
             what = f"{self.name} finetune seed {seed} test"
-            with progress.phase(what, len(self.test), "rows") as advance:
+            with progress.counted(what, len(self.test), "rows") as advance:
                 preds, placed = predict(
                     classifier, self.tokenizer, self.test, self.kind, 64, forward_context, advance
                 )

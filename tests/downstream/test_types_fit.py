@@ -10,8 +10,8 @@ from conftest import make_datamodule, quiet_trainer
 from task_files import all_type_tasks
 
 from mlm_adapt import MaskedLMModule
+from mlm_adapt.data.progress import Progress
 from mlm_adapt.downstream import DownstreamEvaluation
-from mlm_adapt.downstream.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
 
 METRICS = {
@@ -82,11 +82,11 @@ def test_finetune_of_every_type_at_step_0_and_after(tiny_model_dir, corpus_file,
 
 def test_progress_bar_replaces_the_lines(capsys):
     logged = []
-    progress = Progress(logged.append, bar=True)
-    with progress.phase("s linear_probe train features", 3, "rows") as advance:
+    progress = Progress("downstream", bars=True, sink=logged.append)
+    with progress.counted("s linear_probe train features", 3, "rows") as advance:
         advance(3)
     assert logged == [] and "s linear_probe train features" in capsys.readouterr().err
-    with Progress(logged.append).phase("s fit", 7, "vectors"):
+    with Progress("downstream", bars=False, sink=logged.append).counted("s fit", 7, "vectors"):
         pass
     assert logged[0].startswith("mlm_adapt downstream: s fit: 7 vectors in ")
 
