@@ -252,42 +252,62 @@ class MLMDataModule(L.LightningDataModule):
             return self.collator
         return make_collator(self.tokenizer, self.hparams, masking, rate)
 
-    def _read_files(self, key: str, files: list[str] | None = None) -> datasets.Dataset:
+    def _read_files(
+        self, key: str, files: list[str] | None = None, cache_dir: str | None = None
+    ) -> datasets.Dataset:
         """The documents of ``files`` (default: ``data.<key>``), empty lines dropped; errors name ``key``."""
         hp = self.hparams
         name = key if files is not None else f"data.{key}"
         paths = expand_files(files if files is not None else hp[key], name)
-        return drop_empty(load_files(paths, name, hp.text_column, hp.cache_dir), name)
+        return drop_empty(load_files(paths, name, hp.text_column, cache_dir or hp.cache_dir), name)
 
-    def _read_eval_files(self) -> tuple[dict[str, datasets.Dataset], str | None]:
+    def _read_eval_files(
+        self, cache_dir: str | None = None
+    ) -> tuple[dict[str, datasets.Dataset], str | None]:
         """The validation sets and test data given as files, and the split of the held-out set (if any)."""
         sets = self.validation_sets
-        splits = {sets.splits[n]: self._read_files(sets.key(n), f) for n, f in sets.files.items() if f}
+        splits = {
+            sets.splits[n]: self._read_files(sets.key(n), f, cache_dir) for n, f in sets.files.items() if f
+        }
         if self.hparams.test_files:
-            splits["test"] = self._read_files("test_files")
+            splits["test"] = self._read_files("test_files", cache_dir=cache_dir)
         return splits, sets.held_out_split
 
-    def train_documents(self) -> datasets.Dataset:
-        """The training corpus (files or Hub dataset) with empty lines dropped, before any split or mixing."""
+    def train_documents(self, cache_dir: str | None = None) -> datasets.Dataset:
+        """The training corpus (files or Hub dataset) with empty lines dropped, before any split."""
         hp = self.hparams
         if hp.dataset_name:
-            train = load_hub(hp.dataset_name, hp.dataset_config, "train", hp.text_column, hp.cache_dir)
+            cache = cache_dir or hp.cache_dir
+            train = load_hub(hp.dataset_name, hp.dataset_config, "train", hp.text_column, cache)
             return drop_empty(train, "train")
-        return self._read_files("train_files")
+        return self._read_files("train_files", cache_dir=cache_dir)
 
-    def _load_raw(self) -> datasets.DatasetDict:
+    def documents(self, cache_dir: str | None = None) -> datasets.DatasetDict:
+        """The first step of every map-style path (``fit``, ``prepare``): the corpus' documents by split.
+
+        ``train``, the validation sets (files, a Hub ``validation`` split, or the seeded held-out part of the
+        training documents), ``test`` and ``mix`` (the general text for replay), empty lines dropped.
+
+        Args:
+            cache_dir: Where ``datasets`` keeps the loaded files (and so the blocks mapped from them) instead
+                of ``data.cache_dir``: ``prepare`` points it into its staging directory.
+        """
         hp = self.hparams
-        splits = {"train": self.train_documents()}
-        files, held_out = self._read_eval_files()
+        splits = {"train": self.train_documents(cache_dir)}
+        files, held_out = self._read_eval_files(cache_dir)
         if hp.dataset_name and held_out:
             with contextlib.suppress(MLMAdaptError):  # no validation split: hold one out below
                 validation = load_hub(
-                    hp.dataset_name, hp.dataset_config, "validation", hp.text_column, hp.cache_dir
+                    hp.dataset_name,
+                    hp.dataset_config,
+                    "validation",
+                    hp.text_column,
+                    cache_dir or hp.cache_dir,
                 )
                 splits[held_out], held_out = drop_empty(validation, "validation"), None
         splits.update(files)
         if hp.mix_files:  # general text for replay: blocks of its own, drawn at sampling time
-            splits["mix"] = self._read_files("mix_files")
+            splits["mix"] = self._read_files("mix_files", cache_dir=cache_dir)
         for split in splits:
             if len(splits[split]) == 0:
                 key = self.validation_sets.split_key(split)
@@ -301,12 +321,14 @@ class MLMDataModule(L.LightningDataModule):
             splits["train"], splits[held_out] = parts["train"], parts["test"]
         return datasets.DatasetDict(splits)
 
-    def _preprocess(
-        self, raw: datasets.DatasetDict, features: datasets.Features = BLOCK_FEATURES
+    def blocks(
+        self, documents: datasets.DatasetDict, features: datasets.Features = BLOCK_FEATURES
     ) -> datasets.DatasetDict:
+        """The second step: every split segmented, tokenized with word ids and packed into blocks
+        (``datasets.map``, cached by fingerprint next to the documents)."""
         hp = self.hparams
         return to_blocks(
-            raw,
+            documents,
             self.tokenizer,
             self.segmenter,
             hp.max_seq_length,
@@ -330,7 +352,7 @@ class MLMDataModule(L.LightningDataModule):
         cache = Path(self.hparams.cache_dir or datasets.config.HF_DATASETS_CACHE).absolute()
         cache.mkdir(parents=True, exist_ok=True)
         with locked(cache / PREPROCESS_LOCK, "data.cache_dir", f"the preprocessing in {cache}", wait=True):
-            self._preprocess(self._load_raw())
+            self.blocks(self.documents())
 
     @override
     def setup(self, stage: str | None = None) -> None:
@@ -342,9 +364,9 @@ class MLMDataModule(L.LightningDataModule):
         if self.hparams.prepared_dir:
             self._setup_prepared()
             return
-        raw = self._load_raw()
+        raw = self.documents()
         warn_overlap(raw, self.validation_sets, self.hparams.train_files)
-        blocks = self._preprocess(raw)
+        blocks = self.blocks(raw)
         self.train_dataset = blocks["train"]
         other_sets = self._set_eval_datasets(blocks)
         general = (
@@ -389,7 +411,7 @@ class MLMDataModule(L.LightningDataModule):
         self.train_stream = StreamingCorpus(documents, fraction, hp.seed, files)
         if held_out:
             splits[held_out] = self.train_stream.validation_documents(hp.streaming_validation_documents)
-        blocks = self._preprocess(datasets.DatasetDict(splits))
+        blocks = self.blocks(datasets.DatasetDict(splits))
         other_sets = self._set_eval_datasets(blocks)
         self.corpus_stats = {
             "validation_documents": len(splits["validation"]),

@@ -228,7 +228,7 @@ def prepare_corpus(
     proves it ours; a user's directory of a similar name is never touched.
 
     Args:
-        datamodule: The ``MLMDataModule`` (its ``cache_dir`` is redirected into the staging directory).
+        datamodule: The ``MLMDataModule`` (its ``datasets`` cache goes into the staging directory).
         directory: The prepared directory to create (must not exist, or be empty).
         progress: Bars or phase lines.
         shard: ``(i, N)``: write only task i's share, as ``directory/part-i-of-N`` (see the module
@@ -252,9 +252,8 @@ def prepare_corpus(
     output = Output(target, key="data.prepared_dir", inputs=inputs or {})
     started = time.perf_counter()
     with write_directory(output, proof=MANIFEST) as staging:
-        cache = staging / "cache"
-        hp.cache_dir = str(cache)  # every intermediate file of ``datasets`` lands inside staging
-        manifest = _build(datamodule, staging, progress, shard)
+        cache = staging / "cache"  # every intermediate file of ``datasets`` lands inside staging
+        manifest = _build(datamodule, staging, cache, progress, shard)
         with progress.phase("removing intermediate caches"):
             shutil.rmtree(cache, ignore_errors=True)
         manifest["prepare_seconds"] = round(time.perf_counter() - started, 1)
@@ -270,20 +269,20 @@ def _finished_part(datamodule: Any, part: Path, progress: Progress) -> dict:
     return {**manifest, "skipped": True}
 
 
-def _build(datamodule: Any, staging: Path, progress: Progress, shard: tuple[int, int] | None = None) -> dict:
+def _build(
+    datamodule: Any, staging: Path, cache: Path, progress: Progress, shard: tuple[int, int] | None = None
+) -> dict:
     hp = datamodule.hparams
     tokenizer = datamodule.tokenizer
     with progress.phase("loading documents"):
-        raw = datamodule._load_raw()
+        raw = datamodule.documents(cache_dir=str(cache))
         if shard is not None:
             raw = datasets.DatasetDict({k: d.select(share(len(d), *shard)) for k, d in raw.items()})
     processes = hp.preprocessing_num_workers or 1
     # The shards' narrow types from the start: the map writes half the bytes and the shards need no cast.
     features = block_features(len(tokenizer), hp.max_seq_length)
     with progress.phase(f"segmenting, tokenizing and packing ({processes} process{'es' * (processes > 1)})"):
-        blocks = datamodule._preprocess(
-            datasets.DatasetDict({k: d for k, d in raw.items() if len(d)}), features
-        )
+        blocks = datamodule.blocks(datasets.DatasetDict({k: d for k, d in raw.items() if len(d)}), features)
     # A task's share of a small split can be empty (datasets cannot map an empty dataset).
     empty = datasets.Dataset.from_dict({"input_ids": [], "word_ids": []}, features=features)
     blocks = datasets.DatasetDict({split: blocks.get(split, empty) for split in raw})

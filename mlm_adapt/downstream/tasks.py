@@ -15,7 +15,7 @@ import datasets
 
 from mlm_adapt.downstream.spec import DownstreamTask, TaskSplit, task_key
 from mlm_adapt.downstream.types import TaskType, task_type
-from mlm_adapt.errors import MLMAdaptError, user_code
+from mlm_adapt.errors import MLMAdaptError, exception_line, user_code
 from mlm_adapt.text.corpus import BUILDERS, empty_file_error, encoding_error, expand_files
 
 # Task names become metric names (downstream/<name>/f1), log lines and model-card table cells.
@@ -84,7 +84,7 @@ def load_table(
         try:
             part = datasets.load_dataset(builder, data_files=group, split="train", cache_dir=cache_dir)
         except Exception as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            reason = exception_line(exc)
             raise MLMAdaptError(
                 f"{files_key}: could not read {', '.join(group)} as {builder}: {reason}"
             ) from exc

@@ -7,7 +7,7 @@ from pathlib import Path
 from huggingface_hub import HfApi, constants, get_token
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import MLMAdaptError, exception_line
 from mlm_adapt.guard.outputs import MARKER
 
 # Connection failures surface as the HTTP client's own errors (httpx or httpx2, depending on the
@@ -76,7 +76,7 @@ def push_folder(
                 f"the token may not write to {repo_id!r} (HTTP {status}); check HF_TOKEN / `hf auth login`"
             )
         else:
-            reason = f"the Hub refused the upload to {repo_id!r} (HTTP {status}): {str(exc).splitlines()[0]}"
+            reason = f"the Hub refused the upload to {repo_id!r} (HTTP {status}): {exception_line(exc)}"
         raise MLMAdaptError(f"push_to_hub: {reason}; {kept}") from None
     except _CLIENT_ERRORS as exc:  # connection refused, DNS failure, timeouts
         raise MLMAdaptError(f"push_to_hub: cannot reach the Hub ({type(exc).__name__}); {kept}") from None

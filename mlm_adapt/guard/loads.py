@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import MLMAdaptError, exception_line
 
 # Types beyond what weights_only admits. mlm_adapt's own checkpoints (single device, DDP, streaming, FSDP
 # full; checked with torch.serialization.get_unsafe_globals_in_checkpoint) need none; paths are allowed
@@ -85,11 +85,9 @@ def _refusal(path: Path, key: str, exc: Exception) -> MLMAdaptError:
 
 def _first_safe_line(exc: BaseException) -> str:
     """The first line of ``exc``'s message, or its type where that line advises disabling a safety."""
-    text = str(exc).strip()
-    line = text.splitlines()[0].strip() if text else ""
-    if not line or any(advice in text for advice in _UNSAFE_ADVICE):
+    if any(advice in str(exc) for advice in _UNSAFE_ADVICE):
         return type(exc).__name__
-    return line
+    return exception_line(exc)
 
 
 def check_torch_file(

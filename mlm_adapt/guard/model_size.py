@@ -19,7 +19,7 @@ from safetensors import safe_open
 from transformers import AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
 from transformers.initialization import no_init_weights
 
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import MLMAdaptError, exception_line
 from mlm_adapt.guard.loads import load_weights_only
 
 # Deeper configs are counted from two small builds instead of one full one: a meta build still constructs
@@ -262,8 +262,7 @@ def check_masked_lm(
     except Exception as exc:  # the model's own constructor rejects its config (ValueError, IndexError, ...)
         if isinstance(exc, ValueError) and "Unrecognized configuration class" in str(exc):
             raise  # no masked-LM head: the caller names that
-        text = str(exc).strip()
-        reason = text.splitlines()[0] if text else "no message"
+        reason = exception_line(exc)
         raise MLMAdaptError(
             f"{key}: {config_source(name)} describes no model transformers can build "
             f"({type(exc).__name__}: {reason}); fix the config or give a save_pretrained directory"

@@ -26,7 +26,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from mlm_adapt.errors import MLMAdaptError, check_model_path
+from mlm_adapt.errors import MLMAdaptError, check_model_path, exception_line
 from mlm_adapt.guard.loads import check_safetensors, load_weights_only
 from mlm_adapt.guard.model_size import check_masked_lm
 
@@ -96,11 +96,10 @@ def check_tokenizer_dir(directory: Path, key: str) -> None:
 
 
 def _one_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    line = text.splitlines()[0].strip() if text else type(exc).__name__
+    text = str(exc)
     if "trust_remote_code" in text or "weights_only" in text:
         return f"{type(exc).__name__} (the files need code or unsafe unpickling, which mlm_adapt refuses)"
-    return line
+    return exception_line(exc)
 
 
 def _check_local(name: str, key: str, *checks: Callable[[Path, str], None]) -> None:

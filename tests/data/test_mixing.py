@@ -93,7 +93,7 @@ def test_controller_raises_the_rate_over_target_lowers_it_under_and_stays_bounde
     old, new = replay.update(10, 130.0)  # +30%, target 15%: up, by at most MAX_CHANGE
     assert old == 0.1 and new == pytest.approx(0.1 + MAX_CHANGE)
     old, new = replay.update(20, 116.0)  # +16%: a little over the target, a small step up
-    assert 0 < new - old < 0.02
+    assert 0 < new - old < 0.05
     rates = [replay.update(30 + i, 200.0)[1] for i in range(20)]
     assert max(rates) == 0.5  # capped at data.max_mix_rate
     rates = [replay.update(60 + i, 95.0)[1] for i in range(40)]
@@ -134,7 +134,7 @@ def test_general_text_is_its_own_split_and_training_blocks_stay_domain(corpus_fi
         train_files=[str(corpus_file)], validation_split=0.1, seed=1, cache_dir=str(tmp_path / "c"),
         mix_files=[str(general_file)], mix_probability=0.25,
     )  # fmt: skip
-    raw = datamodule._load_raw()
+    raw = datamodule.documents()
     general = set(general_file.read_text(encoding="utf-8").splitlines())
     assert set(raw["mix"]["text"]) == general
     assert not set(raw["train"]["text"]) & general  # domain documents only

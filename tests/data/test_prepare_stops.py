@@ -173,13 +173,13 @@ def hold_at(phase: str) -> None:
     from mlm_adapt.data.datamodule import MLMDataModule
 
     if phase == "loading":
-        load = MLMDataModule._load_raw
+        load = MLMDataModule.documents
 
-        def held_load(self):
+        def held_load(self, *args, **kwargs):
             _hold(phase)
-            return load(self)
+            return load(self, *args, **kwargs)
 
-        MLMDataModule._load_raw = held_load
+        MLMDataModule.documents = held_load
     elif phase == "segmenting":
         _HOLD_SEGMENTER = True
     elif phase == "writing":
