@@ -68,7 +68,7 @@ class PackedBlocks(torch.utils.data.Dataset):
         return len(self.ids)
 
     def __getitem__(self, key):
-        epoch, index = key if isinstance(key, tuple) else (0, key)
+        epoch, index = key[:2] if isinstance(key, tuple) else (0, key)  # an ExampleKey
         return {
             "input_ids": self.ids[index],
             "word_ids": self.word_ids[index],
