@@ -66,7 +66,8 @@ def test_forgetting_budget_rates_survive_sigkill_and_resume(tiny_model_dir, corp
     budget = (
         f"--data.mix_files=[{general}]",
         f'--data.validation_files={{"domain": null, "general": ["{general}"]}}',
-        "--data.mix_probability=0.2",
+        "--data.mix_probability=0.5",  # room to move both ways, so the rate changes at most checks
+        "--data.max_mix_rate=0.95",
         "--data.forgetting_budget=0.05",
         "--data.forgetting_check_interval=1",
         "--data.forgetting_check_batches=1",
@@ -77,7 +78,7 @@ def test_forgetting_budget_rates_survive_sigkill_and_resume(tiny_model_dir, corp
 
     assert_kill_and_resume_reproduces(fit, tmp_path, STEPS, KILL_AT)
     rates = [r["mix_rate"] for r in read_records(tmp_path / "straight" / "rec")]
-    assert len(set(rates)) > 2, rates  # the controller moved the rate, across the kill too
+    assert len(set(rates)) > 2, rates  # the controller moved the rate
     ids = [i for r in read_records(tmp_path / "straight" / "rec") for i in r["ids"]]
     assert -1 in ids and max(ids) >= 0  # general and domain blocks both trained on
     a, b = (
