@@ -28,7 +28,7 @@ def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any
     A file is what the trainer writes under single-device, DDP and FSDP with ``state_dict_type="full"``;
     a directory holding ``meta.pt`` is an FSDP sharded checkpoint, consolidated here with Lightning's
     own utilities (the same as ``python -m lightning.pytorch.utilities.consolidate_checkpoint``). Both are
-    read weights-only (:mod:`mlm_adapt.model.safe_load`): a file that would run code is refused.
+    read weights-only (:mod:`mlm_adapt.guard.loads`): a file that would run code is refused.
 
     Args:
         path: The ``.ckpt`` file or the sharded checkpoint directory.

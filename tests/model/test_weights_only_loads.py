@@ -11,7 +11,7 @@ from lightning.fabric.strategies.fsdp import _distributed_checkpoint_save
 from lightning.fabric.utilities.load import _METADATA_FILENAME
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.model.safe_load import load_sharded, load_weights_only
+from mlm_adapt.guard.loads import load_sharded, load_weights_only
 
 
 class CreatesMarker:
