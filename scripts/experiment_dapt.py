@@ -7,7 +7,7 @@
    on the general corpus with whole-word masking: the "general model".
 3. The general model is adapted to the domain several times, one switch differing per run:
    ``wwm`` (whole-word masking, the default), ``token`` (character masking), ``ngram`` (MacBERT spans),
-   ``exclude`` ([MASK] hidden from attention) and ``mix`` (a fraction of general text mixed in).
+   ``exclude`` ([MASK] hidden from attention) and ``mix`` (a fraction of general text replayed).
 4. Every model is validated on both validation files with the same fixed whole-word masks: domain
    perplexity/accuracy/word accuracy show the gain, general ones the forgetting.
 5. Downstream (``scripts/dapt_tasks.py``): a domain task (review sentiment, texts outside the domain corpus)
