@@ -508,7 +508,8 @@ class MLMDataModule(L.LightningDataModule):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._replay_state = state_dict.get("replay")
+        # Anything but a mapping is handed on as it is, for Replay to refuse in one line.
+        self._replay_state = state_dict.get("replay") if isinstance(state_dict, dict) else state_dict
         if self.replay is not None and self._replay_state is not None:
             self.replay.load_state_dict(self._replay_state)
 

@@ -20,9 +20,10 @@ of a few fixed batches of the general validation set -- :meth:`Replay.update` mo
 
     rate <- clip(rate + GAIN * (rise - TARGET * budget) / budget, 0, data.max_mix_rate)
 
-with each change at most ``MAX_CHANGE`` (0.5, 0.75 and 0.2), where ``rise`` is the check's perplexity over its step-0 value,
-minus 1. It is an integral controller aiming a quarter below the budget: the rate climbs while forgetting
-is above that target and falls back (giving the steps to domain text again) while it is below. The state --
+with each change at most ``MAX_CHANGE`` (GAIN, TARGET and MAX_CHANGE: 0.5, 0.75 and 0.2), where ``rise`` is
+the check's perplexity over its step-0 value, minus 1. It is an integral controller aiming a quarter below
+the budget: the rate climbs while forgetting is above that target and falls back (giving the steps to domain
+text again) while it is below. The state --
 rate, step-0 perplexity, every check -- goes into checkpoints with the DataModule's ``state_dict``.
 """
 
@@ -226,13 +227,28 @@ class Replay:
             "budget": self.budget,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores the controller after an exact resume."""
+    def load_state_dict(self, state: Any) -> None:
+        """Restores the controller after an exact resume.
+
+        Raises:
+            MLMAdaptError: A state of another shape (an altered checkpoint), before any step.
+        """
         if self.budget is None:
             return  # a fixed rate has no state (a resumed run may drop the budget: it keeps its rate)
-        self.controlled_rate = state.get("rate", self.controlled_rate)
-        self.baseline = state.get("baseline")
-        self.checks = [Check(int(s), float(p), float(r)) for s, p, r in state.get("checks", [])]
+        try:
+            rate, baseline = state.get("rate", self.controlled_rate), state.get("baseline")
+            checks = [Check(int(s), float(p), float(r)) for s, p, r in state.get("checks", [])]
+            values = [rate, baseline or 1.0, *(c.perplexity for c in checks), *(c.rate for c in checks)]
+            if rate is not None and not all(math.isfinite(float(v)) and float(v) >= 0 for v in values):
+                raise ValueError("negative or non-finite values")
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise MLMAdaptError(
+                f"ckpt_path: the checkpoint's replay state is not one mlm_adapt writes ({exc}); resume from "
+                "an unaltered checkpoint, or start the run again"
+            ) from None
+        self.controlled_rate = None if rate is None else min(float(rate), self.max_rate)
+        self.baseline = None if baseline is None else float(baseline)
+        self.checks = checks
 
 
 def replay_summary(state: dict[str, Any] | None, budget: float | None) -> dict[str, Any]:

@@ -101,9 +101,7 @@ def parse_schedule(
                 f"{key}={value!r}: every point must be a [fraction_of_training, rate] pair; {example}"
             ) from None
     else:
-        raise MLMAdaptError(
-            f"{key}={value!r} must be a rate or a list of [fraction, rate] points; {example}"
-        )
+        raise MLMAdaptError(f"{key}={value!r} must be a rate or a list of [fraction, rate] points; {example}")
     for fraction, rate in points:
         lowest_ok = rate >= 0.0 if zero_allowed else rate > 0.0
         if not lowest_ok or not rate < 1.0 or math.isnan(rate):
