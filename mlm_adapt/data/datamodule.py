@@ -365,7 +365,7 @@ class MLMDataModule(L.LightningDataModule):
             self._setup_prepared()
             return
         raw = self.documents()
-        warn_overlap(raw, self.validation_sets, self.hparams.train_files)
+        warn_overlap(raw, self.validation_sets, self.hparams.train_files, self.hparams.mix_files)
         blocks = self.blocks(raw)
         self.train_dataset = blocks["train"]
         other_sets = self._set_eval_datasets(blocks)

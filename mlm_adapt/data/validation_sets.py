@@ -122,6 +122,7 @@ def overlap_messages(
     train: datasets.Dataset,
     train_files: Iterable[str],
     validation: Mapping[str, tuple[list[str], datasets.Dataset]],
+    train_key: str = "data.train_files",
 ) -> list[str]:
     """One line per validation set that overlaps the training data.
 
@@ -129,6 +130,7 @@ def overlap_messages(
         train: The training documents (``text`` column).
         train_files: The training files, expanded.
         validation: ``{config key: (expanded files, documents)}`` of the validation sets given as files.
+        train_key: The config key of the training text (``data.mix_files`` for replayed general text).
     """
     messages = []
     training_files = _resolved(train_files)
@@ -137,7 +139,7 @@ def overlap_messages(
         shared = sorted(str(f) for f in _resolved(files) & training_files)
         if shared:
             messages.append(
-                f"{key}: {', '.join(shared)} is also training data (data.train_files); its validation "
+                f"{key}: {', '.join(shared)} is also training data ({train_key}); its validation "
                 "metrics measure memorization, not adaptation: give held-out text"
             )
             continue
@@ -151,19 +153,26 @@ def overlap_messages(
         found = len(wanted & seen)
         if found:
             messages.append(
-                f"{key}: {found} of {len(wanted)} sampled documents also occur in the training data; its "
-                "validation metrics flatter the model: remove them from one side"
+                f"{key}: {found} of {len(wanted)} sampled documents also occur in the training data "
+                f"({train_key}); its validation metrics flatter the model: remove them from one side"
             )
     return messages
 
 
-def warn_overlap(raw: datasets.DatasetDict, sets: ValidationSets, train_files: list[str] | None) -> None:
-    """Warns (rank 0, one line each) about the validation sets of ``raw`` that overlap its training data.
+def warn_overlap(
+    raw: datasets.DatasetDict,
+    sets: ValidationSets,
+    train_files: list[str] | None,
+    mix_files: list[str] | None = None,
+) -> None:
+    """Warns (rank 0, one line each) about the validation sets of ``raw`` that overlap its training data,
+    the replayed general text included (a general set that is also replayed cannot measure forgetting).
 
     Args:
-        raw: The loaded documents by split (``train``, the validation sets' splits).
+        raw: The loaded documents by split (``train``, the validation sets' splits, ``mix``).
         sets: ``data.validation_files``, checked.
         train_files: ``data.train_files`` (``None``: a Hub dataset).
+        mix_files: ``data.mix_files``, when general text is replayed.
     """
     given = {
         sets.key(name): (expand_files(files, sets.key(name)), raw[sets.splits[name]])
@@ -171,5 +180,9 @@ def warn_overlap(raw: datasets.DatasetDict, sets: ValidationSets, train_files: l
         if files
     }
     train = expand_files(train_files, "data.train_files") if train_files else []
-    for message in overlap_messages(raw["train"], train, given):
+    messages = overlap_messages(raw["train"], train, given)
+    if mix_files and "mix" in raw:
+        mix = expand_files(mix_files, "data.mix_files")
+        messages += overlap_messages(raw["mix"], mix, given, "data.mix_files")
+    for message in messages:
         rank_zero_warn(f"mlm_adapt: {message}")

@@ -278,3 +278,19 @@ def test_a_resumed_rate_above_a_lowered_max_mix_rate_is_capped():
     replay = Replay(general=[], schedule=parse_mix_rate(0.1), budget=0.2, max_rate=0.3)
     replay.load_state_dict({"rate": 0.45, "baseline": 100.0, "checks": [[0, 100.0, 0.1], [10, 150.0, 0.45]]})
     assert replay.controlled_rate == 0.3 and len(replay.checks) == 2
+
+
+def test_a_general_validation_set_that_is_also_replayed_warns(
+    tiny_model_dir, corpus_file, general_file, tmp_path
+):
+    """The forgetting check would measure memorization: the general set must not be replayed text."""
+    datamodule = make_datamodule(
+        tiny_model_dir,
+        corpus_file,
+        tmp_path,
+        validation_files={"domain": None, "general": [str(general_file)]},
+        mix_files=[str(general_file)],
+    )
+    expected = r"data.validation_files.general: .* is also training data \(data.mix_files\)"
+    with pytest.warns(UserWarning, match=expected):
+        datamodule.setup("fit")
