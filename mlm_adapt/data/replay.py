@@ -216,7 +216,7 @@ class Replay:
 
     def summary(self) -> dict[str, Any]:
         """The budget, the rate trajectory and whether the last check held (for the table and the card)."""
-        return replay_summary(self.state_dict(), self.budget)
+        return replay_summary(self.state_dict())
 
     def state_dict(self) -> dict[str, Any]:
         """Plain values for checkpoints."""
@@ -251,17 +251,17 @@ class Replay:
         self.checks = checks
 
 
-def replay_summary(state: dict[str, Any] | None, budget: float | None) -> dict[str, Any]:
+def replay_summary(state: Any) -> dict[str, Any]:
     """What a run's replay did, from a :meth:`Replay.state_dict` (also read back from a checkpoint).
 
     Returns:
-        ``{}`` without checks; else ``budget``, ``trajectory`` (``[step, rate, rise]`` per check where the
-        rate changed, plus the first and last), ``final_rate``, ``mean_rate`` (over the checks' intervals),
-        ``last_rise`` and ``held`` (the last check within the budget).
+        ``{}`` without a budget's checks; else ``budget``, ``trajectory`` (``[step, rate, rise]`` per check
+        where the rate changed, plus the first and last), ``final_rate``, ``mean_rate`` (over the checks'
+        intervals), ``last_rise`` and ``held`` (the last check within the budget).
     """
-    checks = (state or {}).get("checks") or []
-    baseline = (state or {}).get("baseline")
-    if not checks or not baseline:
+    state = state if isinstance(state, dict) else {}
+    checks, baseline, budget = state.get("checks") or [], state.get("baseline"), state.get("budget")
+    if not checks or not baseline or budget is None:
         return {}
     points = [(int(s), float(r), float(p) / baseline - 1) for s, p, r in checks]
     trajectory = [p for i, p in enumerate(points) if i in (0, len(points) - 1) or p[1] != points[i - 1][1]]
@@ -273,7 +273,7 @@ def replay_summary(state: dict[str, Any] | None, budget: float | None) -> dict[s
         "final_rate": points[-1][1],
         "mean_rate": sum(n * r for n, r in spans) / total if total else points[-1][1],
         "last_rise": points[-1][2],
-        "held": budget is None or points[-1][2] <= budget,
+        "held": points[-1][2] <= budget,
     }
 
 

@@ -49,7 +49,7 @@ _DATA_INPUTS = (
 def _replay(datamodule: Any) -> dict[str, Any]:
     """What replay under a forgetting budget did in this run (empty without a budget)."""
     replay = getattr(datamodule, "replay", None)
-    return replay.summary() if replay is not None and replay.budget is not None else {}
+    return replay.summary() if replay is not None else {}
 
 
 def _run_dirs(trainer: L.Trainer) -> list[str]:

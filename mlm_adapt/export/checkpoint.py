@@ -88,10 +88,7 @@ def export_checkpoint(
         license=options.license,
         tags=list(options.tags),
         repo_id=options.repo_id if options.push_to_hub else None,
-        replay=replay_summary(
-            (checkpoint.get(MLMDataModule.__qualname__) or {}).get("replay"),
-            (checkpoint.get("datamodule_hyper_parameters") or {}).get("forgetting_budget"),
-        ),
+        replay=replay_summary((checkpoint.get(MLMDataModule.__qualname__) or {}).get("replay")),
     )
     diff = write_export(module.model, tokenizer, output, info, verify=options.verify, progress=progress)
     url = None

@@ -189,6 +189,5 @@ class ForgettingBudget(L.Callback):
         replay = self._replay(trainer)
         if replay is None or not trainer.is_global_zero:
             return
-        summary = replay.summary()
-        if summary:
+        if summary := replay.summary():
             print(f"forgetting budget: {describe_replay(summary)}")

@@ -116,7 +116,7 @@ def test_controller_state_round_trips_and_summarizes():
     resumed.load_state_dict(replay.state_dict())
     assert resumed.state_dict() == replay.state_dict()
     assert resumed.update(40, 130.0) == replay.update(40, 130.0)
-    summary = replay_summary(replay.state_dict(), 0.2)
+    summary = replay_summary(replay.state_dict())
     assert summary["trajectory"][0] == [0, 0.1, 0.0]
     assert summary["held"] is False and summary["last_rise"] == pytest.approx(0.3)
     assert summary["final_rate"] == replay.controlled_rate

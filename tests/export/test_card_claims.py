@@ -63,7 +63,7 @@ def test_the_card_states_replay_as_configured_and_the_budgets_trajectory():
     info = ExportInfo(
         model_hparams={"model_name_or_path": "tiny"},
         data_hparams={"train_files": ["a"], "mix_files": ["news.txt"], "forgetting_budget": 0.2},
-        replay=replay_summary(replay.state_dict(), 0.2),
+        replay=replay_summary(replay.state_dict()),
     )
     card = str(render_model_card(info, title="demo"))
     assert _rows(card)["general text replayed"].endswith("mix rate set by data.forgetting_budget=0.2")
