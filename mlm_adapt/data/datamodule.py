@@ -147,7 +147,8 @@ class MLMDataModule(L.LightningDataModule):
         batch_size: Training examples per batch and device.
         eval_batch_size: Validation/test batch size (default: ``batch_size``).
         num_workers: DataLoader worker processes.
-        preprocessing_num_workers: Processes for tokenization (``datasets.map`` ``num_proc``).
+        preprocessing_num_workers: Worker processes for segmenting, tokenizing and packing (forked; the blocks
+            do not depend on their number).
         seed: Seed for the validation split, shuffling and masking.
         cache_dir: Where ``datasets`` caches loaded and preprocessed data (default: its own cache).
         streaming: Stream the training corpus (larger than memory or disk cache): nothing is cached,

@@ -15,15 +15,13 @@ loads the documents as a one-process prepare does (same held-out split), keeps i
 share of every split and writes it as ``DIR/part-0000i-of-0000N``, a complete prepared directory of its own
 published by the same rename (its manifest is the completion marker: a rerun skips a finished part and
 redoes an unfinished one). ``data.prepared_dir DIR`` then reads the N parts in order. The shares are cut at
-multiples of :data:`ALIGN` documents, where packing restarts anyway, so with one process per task (and in
-the one-process prepare compared with) the parts hold exactly the blocks, in the same order, of a
-one-process prepare, whatever N. With ``preprocessing_num_workers`` > 1 the documents and tokens are the
-same but block boundaries can move at worker boundaries, as they do between 1 and k workers.
+multiples of :data:`~mlm_adapt.data.preprocess.BATCH` documents, where packing restarts anyway (as the
+preprocessing workers' shares are), so the parts hold exactly the blocks, in the same order, of a one-task
+prepare, whatever N and whatever ``data.preprocessing_num_workers``.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import shutil
@@ -48,6 +46,7 @@ from mlm_adapt.data.prepared_manifest import (
     test_files_record,
     write_manifest,
 )
+from mlm_adapt.data.preprocess import share
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError, exception_line
 from mlm_adapt.guard.outputs import Output, write_directory
@@ -59,9 +58,6 @@ SHARD_BASE = 192
 # Fewer, larger shards for small corpora: a shard holds at least this many blocks.
 MIN_BLOCKS_PER_SHARD = 4096
 WRITE_BATCH = 8192
-# Documents per ``datasets.map`` batch (its default batch_size, which to_blocks uses): packing restarts at
-# every batch, so shares cut at multiples of it pack into the same blocks as the whole corpus.
-ALIGN = inspect.signature(datasets.Dataset.map).parameters["batch_size"].default
 _PART_NAME = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 _SHARD_NAME = re.compile(r"^[A-Za-z0-9_]+-\d{5}-of-\d{5}\.arrow$")
 
@@ -158,13 +154,6 @@ def parse_shard(value: str) -> tuple[int, int]:
 def part_name(index: int, count: int) -> str:
     """The directory of task ``index`` of ``count`` inside a prepared directory."""
     return f"part-{index:05d}-of-{count:05d}"
-
-
-def share(length: int, index: int, count: int) -> range:
-    """Task ``index``'s contiguous share of ``length`` documents, cut at multiples of :data:`ALIGN`."""
-    chunks = -(-length // ALIGN)
-    start, end = chunks * index // count, chunks * (index + 1) // count
-    return range(min(start * ALIGN, length), min(end * ALIGN, length))
 
 
 def _parts(directory: Path) -> dict[int, tuple[int, Path]]:

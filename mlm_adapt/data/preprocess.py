@@ -1,22 +1,34 @@
-"""The ``datasets`` pipeline from documents to blocks, shared by in-memory and streaming corpora.
+"""From documents to blocks, shared by in-memory and streaming corpora, ``fit`` and ``prepare``.
 
-One batched ``map`` step does it all: segment, tokenize with word ids, pack into blocks. Per batch of
-documents it works on flat arrays (:func:`~mlm_adapt.text.tokens.tokenize_flat`,
-:func:`~mlm_adapt.text.blocks.pack_blocks`) and, for in-memory datasets, hands ``datasets`` an Arrow table
-built from them: no Python list per token, document or block on the way in or out, and one process pool per
-split instead of one per step. Packing restarts at each ``map`` batch (``datasets``' default of 1,000
-documents), which is what ``prepare --shard`` aligns its shares to.
+One function does it all per batch of documents: segment, tokenize with word ids, pack into blocks, on
+flat arrays (:func:`~mlm_adapt.text.tokens.tokenize_flat`, :func:`~mlm_adapt.text.blocks.pack_blocks`),
+returning an Arrow table of the blocks: no Python list per token, document or block on the way in or out.
+Packing restarts at each batch of :data:`BATCH` documents, which is what the workers of :func:`map_blocks`
+and ``prepare --shard`` cut their shares at, so neither changes a block.
+
+In-memory datasets go through :func:`map_blocks` (forked workers writing Arrow files, cached by
+fingerprint); streamed ones through ``IterableDataset.map``, lazily.
 """
 
 from __future__ import annotations
 
+import json
+import multiprocessing
+import os
+import signal
+import tempfile
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any, TypeVar
 
 import datasets
 import numpy as np
 import pyarrow as pa
+from datasets.fingerprint import Hasher
+from datasets.utils import tqdm as hf_tqdm
 from transformers import PreTrainedTokenizerBase
 
+from mlm_adapt.errors import MLMAdaptError, exception_line
 from mlm_adapt.text.blocks import PackedBlocks, pack_blocks
 from mlm_adapt.text.segmentation import WordSegmenter
 from mlm_adapt.text.tokens import TOKENIZATION_VERSION, tokenize_flat
@@ -25,6 +37,10 @@ from mlm_adapt.text.vocabulary import block_special_ids
 BLOCK_FEATURES = datasets.Features(
     {"input_ids": datasets.List(datasets.Value("int32")), "word_ids": datasets.List(datasets.Value("int32"))}
 )
+
+# Documents per batch of the map function: packing restarts at each batch. ``datasets``' default map batch
+# size, which earlier releases packed by: prepared directories keep their blocks.
+BATCH = 1000
 
 AnyDataset = TypeVar("AnyDataset", datasets.Dataset, datasets.IterableDataset, datasets.DatasetDict)
 
@@ -77,17 +93,6 @@ def documents_to_blocks(
     )
 
 
-def _blocks_arrow(
-    batch: pa.Table, features: datasets.Features = BLOCK_FEATURES, version: int = 0, **kwargs: Any
-) -> pa.Table:
-    # ``version`` is unused here: it only enters datasets' cache fingerprint (TOKENIZATION_VERSION).
-    return blocks_table(documents_to_blocks(batch.column("text").to_pylist(), **kwargs), features)
-
-
-def _blocks_lists(batch: dict[str, list], version: int = 0, **kwargs: Any) -> dict[str, list[list[int]]]:
-    return documents_to_blocks(batch["text"], **kwargs).to_lists()
-
-
 def to_blocks(
     documents: AnyDataset,
     tokenizer: PreTrainedTokenizerBase,
@@ -96,38 +101,218 @@ def to_blocks(
     packing: bool,
     document_delimiters: bool = False,
     features: datasets.Features = BLOCK_FEATURES,
-    **map_kwargs: Any,
+    num_proc: int | None = None,
 ) -> AnyDataset:
     """Segments, tokenizes and packs a ``text`` column into ``input_ids``/``word_ids`` blocks.
 
     Args:
-        documents: Documents with a ``text`` column (in memory or streamed).
+        documents: Documents with a ``text`` column (in memory or streamed), or a ``DatasetDict`` of them.
         tokenizer: The model's tokenizer.
         segmenter: The word segmenter.
         max_seq_length: Block length, special tokens included.
         packing: Concatenate documents into full blocks (else one document per block or blocks).
         document_delimiters: Packed documents each get their own ``[CLS] ... [SEP]`` (document attention).
         features: The integer types of the block columns in memory (``prepare`` writes narrower ones).
-        map_kwargs: Extra ``map`` arguments for in-memory datasets (``num_proc``).
+        num_proc: Worker processes for in-memory datasets (see :func:`map_blocks`); the blocks do not
+            depend on it.
     """
     fn_kwargs = {
         "tokenizer": tokenizer,
         "segmenter": segmenter,
-        "version": TOKENIZATION_VERSION,
         "max_seq_length": max_seq_length,
         "packing": packing,
         "document_delimiters": document_delimiters and packing,
     }
     if isinstance(documents, datasets.IterableDataset):
         return documents.map(_blocks_lists, fn_kwargs=fn_kwargs, batched=True, remove_columns=["text"])
-    # Arrow in, Arrow out: the batch's text column is read once and the blocks never become Python lists.
-    blocks = documents.with_format("arrow").map(
-        _blocks_arrow,
-        fn_kwargs={**fn_kwargs, "features": features},
-        batched=True,
-        remove_columns=["text"],
-        features=features,
-        desc="Segmenting, tokenizing and packing" if packing else "Segmenting, tokenizing and splitting",
-        **map_kwargs,
-    )
-    return blocks.with_format(None)
+    desc = "Segmenting, tokenizing and packing" if packing else "Segmenting, tokenizing and splitting"
+    if isinstance(documents, datasets.DatasetDict):
+        return datasets.DatasetDict(
+            {
+                split: map_blocks(dataset, fn_kwargs, features, num_proc or 1, f"{desc} ({split})")
+                for split, dataset in documents.items()
+            }
+        )
+    return map_blocks(documents, fn_kwargs, features, num_proc or 1, desc)
+
+
+def _blocks_lists(batch: dict[str, list], **kwargs: Any) -> dict[str, list[list[int]]]:
+    return documents_to_blocks(batch["text"], **kwargs).to_lists()
+
+
+def map_blocks(
+    documents: datasets.Dataset,
+    fn_kwargs: dict[str, Any],
+    features: datasets.Features,
+    processes: int,
+    desc: str,
+) -> datasets.Dataset:
+    """The blocks of an in-memory dataset, by ``processes`` forked workers, cached next to its files.
+
+    Each worker takes a contiguous share of the documents cut at multiples of :data:`BATCH` (where packing
+    restarts anyway), so the blocks are the same, in the same order, for any number of workers. Workers are
+    forked: they inherit the imports, the tokenizer and the segmenter instead of unpickling them, and each
+    writes its blocks as one Arrow stream file; the parent only memory-maps and concatenates them. A worker
+    that dies (the OOM killer) fails the call in one line instead of leaving it waiting, and a stopped
+    parent takes its workers with it.
+
+    The files are a cache like ``datasets``' own: beside the documents' Arrow files, named by a fingerprint
+    of the documents (``datasets``' own fingerprint of them) and of every setting that shapes the blocks,
+    published by renames and listed last by an index file; a later call with the same fingerprint (``setup``
+    after ``prepare_data``, another node on a shared cache) only maps them. Documents without files (built
+    in memory) or with caching off are processed into a temporary directory and loaded into memory.
+    """
+    if len(documents) == 0:
+        return datasets.Dataset.from_dict({name: [] for name in features}, features=features)
+    cache_dir = _cache_dir(documents)
+    key = _fingerprint(documents, fn_kwargs, features) if cache_dir else None
+    index = Path(cache_dir, f"blocks-{key}.json") if key else None
+    if index is not None and index.is_file():
+        cached = _load_index(index)
+        if cached is not None:
+            return cached
+    workers = max(1, min(processes, -(-len(documents) // BATCH)))
+    shares = [share(len(documents), i, workers) for i in range(workers)]
+    with tempfile.TemporaryDirectory(dir=cache_dir if index else None, prefix=".blocks-") as scratch:
+        names = [
+            f"{index.stem if index else 'blocks'}-{i:05d}-of-{workers:05d}.arrow" for i in range(workers)
+        ]
+        paths = [Path(scratch, name) for name in names]
+        job = _Job(documents, fn_kwargs, features)
+        with hf_tqdm(total=len(documents), desc=desc, unit=" examples") as bar:
+            if workers == 1:
+                job.run(shares[0], paths[0], bar.update)
+            else:
+                _run_forked(job, shares, paths, bar.update)
+        if index is None:  # nowhere to keep them: into memory, before the scratch directory goes
+            tables = [pa.ipc.open_stream(pa.memory_map(str(path))).read_all() for path in paths]
+            return datasets.Dataset(pa.concat_tables(tables), info=datasets.DatasetInfo(features=features))
+        for path, name in zip(paths, names, strict=True):
+            os.replace(path, index.parent / name)
+        _write_index(index, names)
+    return _load_index(index)
+
+
+def share(length: int, index: int, count: int) -> range:
+    """Share ``index`` of ``count`` contiguous shares of ``length`` documents, cut at multiples of
+    :data:`BATCH` (a worker's, or a ``prepare --shard`` task's)."""
+    batches = -(-length // BATCH)
+    start, end = batches * index // count, batches * (index + 1) // count
+    return range(min(start * BATCH, length), min(end * BATCH, length))
+
+
+class _Job:
+    """One share of the documents through the map function into an Arrow stream file."""
+
+    def __init__(self, documents: datasets.Dataset, fn_kwargs: dict[str, Any], features: datasets.Features):
+        self.documents, self.fn_kwargs, self.features = documents, fn_kwargs, features
+
+    def run(self, rows: range, path: Path, advance: Any) -> None:
+        documents = self.documents.select(rows).with_format("arrow")
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, self.features.arrow_schema) as out:
+            for batch in documents.iter(batch_size=BATCH):
+                texts = batch.column("text").to_pylist()
+                out.write_table(blocks_table(documents_to_blocks(texts, **self.fn_kwargs), self.features))
+                advance(len(texts))
+
+
+def _worker(job: _Job, rows: range, path: Path, pipe: Connection) -> None:
+    # The parent decides how a stop ends (one line, its status): a worker stopped with it just goes.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        job.run(rows, path, pipe.send)
+        pipe.send(None)
+    except MLMAdaptError as exc:
+        pipe.send(exc)
+    except BaseException as exc:  # noqa: BLE001 - anything else is reported by the parent in one line
+        pipe.send(MLMAdaptError(f"data.preprocessing_num_workers: a worker failed: {exception_line(exc)}"))
+    finally:
+        pipe.close()
+
+
+def _run_forked(job: _Job, shares: list[range], paths: list[Path], advance: Any) -> None:
+    """Runs ``job`` on each share in a forked process; the first failure stops them all and is raised."""
+    context = multiprocessing.get_context("fork")
+    running: dict[Any, tuple[Any, Connection]] = {}
+    try:
+        for rows, path in zip(shares, paths, strict=True):
+            reader, writer = context.Pipe(duplex=False)
+            process = context.Process(target=_worker, args=(job, rows, path, writer), daemon=True)
+            process.start()
+            writer.close()
+            running[reader] = (process, reader)
+        while running:
+            for reader in wait(list(running)):
+                process, _ = running[reader]
+                try:
+                    message = reader.recv()
+                except EOFError:  # gone without a word: killed
+                    process.join()
+                    raise MLMAdaptError(
+                        f"data.preprocessing_num_workers: a preprocessing worker died ({_death(process)}); "
+                        "if memory ran out, lower data.preprocessing_num_workers"
+                    ) from None
+                if isinstance(message, int):
+                    advance(message)
+                    continue
+                del running[reader]
+                reader.close()
+                process.join()
+                if message is not None:
+                    raise message
+    finally:
+        for process, reader in running.values():
+            process.kill()
+            process.join()
+            reader.close()
+
+
+def _death(process: Any) -> str:
+    code = process.exitcode
+    if code is not None and code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
+def _cache_dir(documents: datasets.Dataset) -> str | None:
+    """Where ``datasets`` keeps ``documents``' files (``None``: built in memory, or caching is off)."""
+    if not documents.cache_files or not datasets.is_caching_enabled():
+        return None
+    return os.path.dirname(documents.cache_files[0]["filename"])
+
+
+def _fingerprint(
+    documents: datasets.Dataset, fn_kwargs: dict[str, Any], features: datasets.Features
+) -> str | None:
+    """A hash of the documents and of what shapes their blocks (``None`` when a setting cannot be hashed)."""
+    hasher = Hasher()
+    try:
+        # ``datasets``' fingerprint of the documents (files, split and filter), as its own map would use.
+        hasher.update(documents._fingerprint)
+        hasher.update(TOKENIZATION_VERSION)
+        hasher.update(BATCH)
+        hasher.update(features)
+        for name in sorted(fn_kwargs):
+            hasher.update(name)
+            hasher.update(fn_kwargs[name])
+    except Exception:  # noqa: BLE001 - an unpicklable user segmenter: computed, not cached, as datasets does
+        return None
+    return hasher.hexdigest()
+
+
+def _write_index(index: Path, names: list[str]) -> None:
+    """Lists the part files last, by a rename: an index on disk means every part it names was complete."""
+    partial = index.with_name(f".{index.name}.{os.getpid()}")
+    partial.write_text(json.dumps({"parts": names}))
+    os.replace(partial, index)
+
+
+def _load_index(index: Path) -> datasets.Dataset | None:
+    """The cached blocks an index lists, memory-mapped (``None``: a part is missing; they are made again)."""
+    try:
+        names = json.loads(index.read_text())["parts"]
+        parts = [datasets.Dataset.from_file(str(index.parent / Path(name).name)) for name in names]
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+        return None
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)

