@@ -326,7 +326,8 @@ class MLMDataModule(L.LightningDataModule):
         self, documents: datasets.DatasetDict, features: datasets.Features = BLOCK_FEATURES
     ) -> datasets.DatasetDict:
         """The second step: every split segmented, tokenized with word ids and packed into blocks
-        (``datasets.map``, cached by fingerprint next to the documents)."""
+        (:func:`~mlm_adapt.data.preprocess.map_blocks`: forked workers, cached by fingerprint next to the
+        documents)."""
         hp = self.hparams
         return to_blocks(
             documents,

@@ -16,8 +16,8 @@ Whole-word masking needs, for every text, words that concatenate back to it exac
   checked: a segmenter that raises, exits, returns the wrong number of word lists or words that do not
   join back stops preprocessing with one line naming it and the first offending text.
 
-Segmenters are pickled to ``datasets.map`` and DataLoader workers and hashed into ``datasets``' cache
-fingerprint, so none pickles a loaded model: the jieba backends and the built-ins build theirs once per
+Segmenters are pickled to the DataLoader workers of streamed corpora and hashed into the blocks' cache
+fingerprint (the preprocessing workers are forked and inherit them), so none pickles a loaded model: the jieba backends and the built-ins build theirs once per
 process, and a ``class_path`` segmenter is rebuilt from its init args in each worker (its pickled state is
 the built-in name or the class path with its init args, the jieba options and the OpenCC configuration).
 """
@@ -45,8 +45,8 @@ class WordSegmenter(Protocol):
     """Maps a batch of texts (``list[str]``) to their words (``list[list[str]]``).
 
     The words of each text must join back to it (``"".join(words) == text``), whitespace included; a
-    segmenter is called from ``datasets.map`` worker processes, so it must pickle (load models lazily, on
-    first use, and leave them out of the pickled state).
+    segmenter is called from worker processes (streamed corpora pickle it to them), so it must pickle (load
+    models lazily, on first use, and leave them out of the pickled state).
     """
 
     # ``Any`` and positional-only: jsonargparse accepts a class for this protocol only when its parameter
