@@ -146,7 +146,7 @@ def main() -> None:
     build_corpus(corpus, args.size_mb)
     texts = documents(corpus)
     mchar = sum(map(len, texts)) / 1e6
-    print(f"# {machine()}; best of {args.repeats} runs per figure")
+    print(f"# {machine()}; best of {args.repeats} runs per figure; load before: {os.getloadavg()[0]:.1f}")
     print(f"# corpus: {corpus.stat().st_size / 1e6:.0f} MB, {len(texts)} documents, {mchar:.1f} Mchar\n")
     rows, ratios = [], []
     rjieba_rate = mchar / min(time_rjieba(texts) for _ in range(args.repeats))
@@ -175,7 +175,9 @@ def main() -> None:
             kind, f"{mchar / one / map_rate:.2f}x", of_bound,
             f"{one / many:.2f}x", f"{runs[1][1] / runs[args.processes][1]:.2f}x",
         ])  # fmt: skip
-        print(f"# {kind} phases (1 process): " + ", ".join(f"{k} {v:.1f} s" for k, v in runs[1][2].items()))
+        for processes, run in runs.items():
+            phases = ", ".join(f"{k} {v:.1f} s" for k, v in run[2].items())
+            print(f"# {kind} phases ({processes} process{'es' * (processes > 1)}): {phases}")
     n = args.processes
     print(table(
         ["tokenizer", "rjieba alone Mchar/s", "tokenizer alone", "map function alone", "1/(1/tok+1/rjieba)",
