@@ -126,14 +126,15 @@ def to_blocks(
     if isinstance(documents, datasets.IterableDataset):
         return documents.map(_blocks_lists, fn_kwargs=fn_kwargs, batched=True, remove_columns=["text"])
     desc = "Segmenting, tokenizing and packing" if packing else "Segmenting, tokenizing and splitting"
+    settings = settings_fingerprint(fn_kwargs, features)  # once: a large vocabulary takes a moment
     if isinstance(documents, datasets.DatasetDict):
         return datasets.DatasetDict(
             {
-                split: map_blocks(dataset, fn_kwargs, features, num_proc or 1, f"{desc} ({split})")
+                split: map_blocks(dataset, fn_kwargs, features, num_proc or 1, f"{desc} ({split})", settings)
                 for split, dataset in documents.items()
             }
         )
-    return map_blocks(documents, fn_kwargs, features, num_proc or 1, desc)
+    return map_blocks(documents, fn_kwargs, features, num_proc or 1, desc, settings)
 
 
 def _blocks_lists(batch: dict[str, list], **kwargs: Any) -> dict[str, list[list[int]]]:
@@ -146,6 +147,7 @@ def map_blocks(
     features: datasets.Features,
     processes: int,
     desc: str,
+    settings: str | None,
 ) -> datasets.Dataset:
     """The blocks of an in-memory dataset, by ``processes`` forked workers, cached next to its files.
 
@@ -161,11 +163,20 @@ def map_blocks(
     published by renames and listed last by an index file; a later call with the same fingerprint (``setup``
     after ``prepare_data``, another node on a shared cache) only maps them. Documents without files (built
     in memory) or with caching off are processed into a temporary directory and loaded into memory.
+
+    Args:
+        documents: Documents with a ``text`` column.
+        fn_kwargs: The arguments of :func:`documents_to_blocks` but the texts.
+        features: The integer types of the block columns.
+        processes: Worker processes (at most one per batch of documents; 1: in this process).
+        desc: The progress bar's label.
+        settings: :func:`settings_fingerprint` of ``fn_kwargs`` and ``features`` (``None``: not cached).
     """
     if len(documents) == 0:
         return datasets.Dataset.from_dict({name: [] for name in features}, features=features)
     cache_dir = _cache_dir(documents)
-    key = _fingerprint(documents, fn_kwargs, features) if cache_dir else None
+    # ``datasets``' own fingerprint of the documents (files, split, filter), as its map would use.
+    key = Hasher.hash([documents._fingerprint, settings]) if cache_dir and settings else None
     index = Path(cache_dir, f"blocks-{key}.json") if key else None
     if index is not None and index.is_file():
         cached = _load_index(index)
@@ -282,23 +293,34 @@ def _cache_dir(documents: datasets.Dataset) -> str | None:
     return os.path.dirname(documents.cache_files[0]["filename"])
 
 
-def _fingerprint(
-    documents: datasets.Dataset, fn_kwargs: dict[str, Any], features: datasets.Features
-) -> str | None:
-    """A hash of the documents and of what shapes their blocks (``None`` when a setting cannot be hashed)."""
+def settings_fingerprint(fn_kwargs: dict[str, Any], features: datasets.Features) -> str | None:
+    """A hash of everything that shapes the blocks of a document (``None``: a setting cannot be hashed).
+
+    The tokenizer enters by what tokenizes: its class, its backend's definition (vocabulary, normalizer,
+    pre-tokenizer, model; not the truncation or padding a call left behind) and the ids that open and close a
+    block. Not the tokenizer object itself: its pickle holds the directory it was loaded from and whether the
+    Hub was offline, which would make a moved model or another shell miss the cache.
+    """
     hasher = Hasher()
     try:
-        # ``datasets``' fingerprint of the documents (files, split and filter), as its own map would use.
-        hasher.update(documents._fingerprint)
-        hasher.update(TOKENIZATION_VERSION)
-        hasher.update(BATCH)
-        hasher.update(features)
+        hasher.update([TOKENIZATION_VERSION, BATCH, features])
         for name in sorted(fn_kwargs):
             hasher.update(name)
-            hasher.update(fn_kwargs[name])
+            value = fn_kwargs[name]
+            hasher.update(_tokenizer_state(value) if name == "tokenizer" else value)
     except Exception:  # noqa: BLE001 - an unpicklable user segmenter: computed, not cached, as datasets does
         return None
     return hasher.hexdigest()
+
+
+def _tokenizer_state(tokenizer: PreTrainedTokenizerBase) -> Any:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return tokenizer
+    definition = json.loads(backend.to_str())
+    definition.pop("truncation", None)
+    definition.pop("padding", None)
+    return [type(tokenizer).__name__, definition, block_special_ids(tokenizer)]
 
 
 def _write_index(index: Path, names: list[str]) -> None:

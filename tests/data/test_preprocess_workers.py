@@ -144,3 +144,49 @@ def test_a_segmenter_failing_in_a_worker_is_the_same_one_line_as_in_one_process(
     assert messages[0] == messages[1]
     assert messages[0].startswith("data.segmenter:") and "这句无法切分" in messages[0]
     assert not multiprocessing.active_children()
+
+
+def _setup_without_segmenting(model_dir: str, corpus: str, root: str) -> None:
+    """In a fresh interpreter: ``setup`` must find every split's blocks cached by ``prepare_data``."""
+    from conftest import make_datamodule
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("setup computed the blocks again")
+
+    preprocess.documents_to_blocks = forbidden
+    data = make_datamodule(Path(model_dir), Path(corpus), Path(root), preprocessing_num_workers=2)
+    data.setup("fit")
+    assert len(data.train_dataset) and len(data.val_dataset)
+
+
+def test_setup_in_another_interpreter_maps_what_prepare_data_cached(tiny_model_dir, corpus_file, tmp_path):
+    from conftest import make_datamodule
+
+    make_datamodule(tiny_model_dir, corpus_file, tmp_path).prepare_data()
+    assert list((tmp_path / "cache").rglob("blocks-*.json"))
+    # The cache key must not depend on the process (hash seeds, object ids): another rank or node computes it.
+    child = multiprocessing.get_context("spawn").Process(
+        target=_setup_without_segmenting, args=(str(tiny_model_dir), str(corpus_file), str(tmp_path))
+    )
+    child.start()
+    child.join(timeout=240)
+    assert child.exitcode == 0
+
+
+def test_the_cache_key_follows_the_tokenization_not_where_the_tokenizer_was_loaded(tiny_model_dir, tmp_path):
+    import shutil
+
+    from mlm_adapt.data.preprocess import BLOCK_FEATURES, settings_fingerprint
+
+    def key(tokenizer, **changes):
+        settings = {"tokenizer": tokenizer, "segmenter": Segmentation("rjieba"), "max_seq_length": 64}
+        return settings_fingerprint({**settings, "packing": True, **changes}, BLOCK_FEATURES)
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    first = key(tokenizer)
+    moved = shutil.copytree(tiny_model_dir, tmp_path / "moved")
+    assert key(AutoTokenizer.from_pretrained(moved, local_files_only=True)) == first
+    tokenizer(["北京欢迎你"], truncation=True, max_length=4, padding="max_length")
+    assert key(tokenizer) == first
+    assert key(tokenizer, max_seq_length=32) != first and key(tokenizer, packing=False) != first
+    assert key(AutoTokenizer.from_pretrained(family_dir("xlmr"))) != first
