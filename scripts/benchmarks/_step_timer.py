@@ -1,6 +1,7 @@
 """Benchmark-only callback: wall time of every training step and of the hooks around checkpoint writes.
 
-Passed to the CLI as ``--trainer.callbacks+=_step_timer.StepTimer`` with ``scripts/`` on PYTHONPATH.
+Passed to the CLI as ``--trainer.callbacks+=_step_timer.StepTimer`` with ``scripts/benchmarks/`` on
+PYTHONPATH.
 """
 
 from __future__ import annotations

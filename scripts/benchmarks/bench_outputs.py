@@ -1,7 +1,7 @@
 """What the output guard costs per checkpoint save: ``AtomicCheckpointIO`` (guard.outputs.write_file: checks,
 marked staging directory, fsync, rename, umask) against a bare ``torch.save`` to the same directory.
 
-    python scripts/bench_outputs.py [--sizes_mb 1 64] [--repeats 10]
+    python scripts/benchmarks/bench_outputs.py [--sizes_mb 1 64] [--repeats 10]
 
 Prints a table (median seconds per save) and the ratio guarded / bare, with the load average: on a shared
 machine the ratio is the figure to read, not the absolute times.

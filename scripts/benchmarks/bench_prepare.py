@@ -20,8 +20,8 @@ Then the fractions the goal is stated in: the command's Mchar/s per process over
 N-process speed-up over one process, and (for families whose tokenizer is slower than the segmenter) the
 command over ``1 / (1/tokenizer + 1/rjieba)``.
 
-    python scripts/bench_prepare.py [--size-mb 100] [--families wordpiece unigram bytebpe] [--processes 2]
-                                    [--repeats 3]
+    python scripts/benchmarks/bench_prepare.py [--size-mb 100] [--families wordpiece unigram bytebpe]
+                                               [--processes 2] [--repeats 3]
 
 Goal: per process the command reaches >= 0.8x the map function (>= 0.8x the tokenizer+rjieba bound for
 Unigram and byte-level BPE); N processes are >= 0.8*N times faster than one.
@@ -42,12 +42,12 @@ from pathlib import Path
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from _bench_common import machine, reviews, table  # noqa: E402
 from bench_scale import build_corpus  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BATCH = 1000
 _PHASE = re.compile(r"mlm_adapt prepare: (.+) done in ([0-9.]+) s")
 

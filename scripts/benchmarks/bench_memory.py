@@ -6,7 +6,7 @@ setting runs in a fresh process; the peak resident set size of the step alone is
 counter is reset after loading with ``/proc/self/clear_refs``), which counts activations, gradients and
 optimizer-free temporaries the way GPU memory would, plus allocator slack. CPU peak RSS, not GPU memory.
 
-    python scripts/bench_memory.py [--batch-size 4] [--seq-len 512]
+    python scripts/benchmarks/bench_memory.py [--batch-size 4] [--seq-len 512]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from _bench_common import machine  # noqa: E402
 
@@ -82,7 +82,7 @@ def main() -> None:
     print(f"# bert-base-sized (12x768, vocab 21128), batch {args.batch_size} x {args.seq_len}, 1 step, CPU")
     results = {}
     for setting in ("off", "on"):
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         out = subprocess.run(
             [
                 sys.executable,

@@ -5,7 +5,7 @@ The parameters are those of a randomly initialized ``BertForMaskedLM`` of ``bert
 with random gradients. Each implementation is timed in alternating rounds (median seconds per step); the
 ratio is against the for-loop, which is what torch picks on CPU when neither ``fused`` nor ``foreach`` is set.
 
-    python scripts/bench_optimizer.py [--rounds 5] [--device cpu]
+    python scripts/benchmarks/bench_optimizer.py [--rounds 5] [--device cpu]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from _bench_common import machine, table  # noqa: E402
 

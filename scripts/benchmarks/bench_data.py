@@ -14,7 +14,7 @@
    pack, written to the Arrow cache) on the reviews repeated to growing sizes, each in a fresh process.
    Goal: flat memory as the corpus grows.
 
-    python scripts/bench_data.py [--sizes-mb 10 50 100] [--skip-memory]
+    python scripts/benchmarks/bench_data.py [--sizes-mb 10 50 100] [--skip-memory]
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # families.py: tiny tokenizers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # families.py: tiny tokenizers
 
 from _bench_common import machine, reviews, table, tiny_model  # noqa: E402
 

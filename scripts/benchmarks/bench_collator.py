@@ -5,7 +5,7 @@ and 256x128 (line-by-line reviews, padded per batch). Baselines: transformers' w
 ``offset_mapping``, a batch x L x L comparison) and its token-level mode, each fed the inputs transformers
 recommends (``special_tokens_mask``). Goal: >= 20x faster than the whole-word baseline.
 
-    python scripts/bench_collator.py [--rounds 7]
+    python scripts/benchmarks/bench_collator.py [--rounds 7]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

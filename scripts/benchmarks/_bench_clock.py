@@ -1,7 +1,7 @@
 """A Lightning callback for benchmarks: appends ``time.perf_counter()`` at every training batch end to a file.
 
 Passed to the real command line: ``--trainer.callbacks+=_bench_clock.StepClock --trainer.callbacks.path=F``
-(``scripts/`` on ``PYTHONPATH``).
+(``scripts/benchmarks/`` on ``PYTHONPATH``).
 """
 
 from __future__ import annotations

