@@ -17,9 +17,10 @@ Whole-word masking needs, for every text, words that concatenate back to it exac
   join back stops preprocessing with one line naming it and the first offending text.
 
 Segmenters are pickled to the DataLoader workers of streamed corpora and hashed into the blocks' cache
-fingerprint (the preprocessing workers are forked and inherit them), so none pickles a loaded model: the jieba backends and the built-ins build theirs once per
-process, and a ``class_path`` segmenter is rebuilt from its init args in each worker (its pickled state is
-the built-in name or the class path with its init args, the jieba options and the OpenCC configuration).
+fingerprint (the preprocessing workers are forked and inherit them), so none pickles a loaded model: the
+jieba backends and the built-ins build theirs once per process, and a ``class_path`` segmenter is rebuilt
+from its init args in each worker (its pickled state is the built-in name or the class path with its init
+args, the jieba options and the OpenCC configuration).
 """
 
 from __future__ import annotations
