@@ -10,6 +10,7 @@ without being read (:func:`mlm_adapt.guard.loads.weight_shapes`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from collections.abc import Sequence
@@ -103,42 +104,26 @@ def model_size(config: PretrainedConfig) -> ModelSize:
     return ModelSize(counts[0] + (depth - 2) * (counts[1] - counts[0]), width)
 
 
-def _meminfo_available() -> int | None:
-    try:
-        text = Path("/proc/meminfo").read_text(encoding="ascii")
-    except OSError:
-        return None
-    found = re.search(r"^MemAvailable:\s+(\d+) kB", text, re.MULTILINE)
-    return int(found.group(1)) * 1024 if found else None
-
-
-def _cgroup_available() -> int | None:
-    """What a cgroup v2 memory limit leaves (a container's limit is below the host's MemAvailable)."""
-    base = Path("/sys/fs/cgroup")
-    try:
-        limit = (base / "memory.max").read_text(encoding="ascii").strip()
-        used = int((base / "memory.current").read_text(encoding="ascii"))
-    except (OSError, ValueError):
-        return None
-    return int(limit) - used if limit.isdigit() else None
+def _ram_available() -> int | None:
+    """Linux's ``MemAvailable`` (what can be allocated without swapping), or less under a cgroup v2 memory
+    limit (a container's); ``None`` elsewhere."""
+    known = []
+    with contextlib.suppress(OSError, AttributeError):
+        meminfo = Path("/proc/meminfo").read_text(encoding="ascii")
+        known.append(int(re.search(r"^MemAvailable:\s+(\d+) kB", meminfo, re.MULTILINE).group(1)) * 1024)
+    with contextlib.suppress(OSError, ValueError):  # memory.max "max": no limit
+        cgroup = Path("/sys/fs/cgroup")
+        limit = int((cgroup / "memory.max").read_text(encoding="ascii"))
+        known.append(limit - int((cgroup / "memory.current").read_text(encoding="ascii")))
+    return min(known) if known else None
 
 
 def available_memory(device: torch.device | str = "cpu") -> int | None:
-    """Free bytes on ``device``: CUDA's free memory, else RAM; ``None`` when it cannot be told.
-
-    RAM is Linux's ``MemAvailable`` (what can be allocated without swapping), or less under a cgroup v2
-    memory limit; elsewhere it is unknown and nothing is refused.
-
-    Args:
-        device: Where the model will live (``cpu`` or a ``cuda`` device).
-    """
+    """Free bytes on ``device`` (``cpu`` or ``cuda``): CUDA's free memory, else RAM; ``None`` when unknown."""
     device = torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    if device.type != "cpu":
-        return None
-    known = [n for n in (_meminfo_available(), _cgroup_available()) if n is not None]
-    return min(known) if known else None
+    return _ram_available() if device.type == "cpu" else None
 
 
 def _where(device: torch.device) -> str:
@@ -166,7 +151,6 @@ def check_fits(
     training: bool,
     device: torch.device | str = "cpu",
     already_held: int = 0,
-    available: int | None = None,
 ) -> None:
     """Refuses, in one line naming ``source``, a model that cannot fit in ``device``'s free memory.
 
@@ -178,10 +162,9 @@ def check_fits(
         training: Count gradients and AdamW's moments too, not only the parameters.
         device: Where the bytes must fit.
         already_held: Bytes of the model already in ``device``'s memory (not counted again).
-        available: Free bytes (default: :func:`available_memory` of ``device``).
     """
     device = torch.device(device)
-    available = available_memory(device) if available is None else available
+    available = available_memory(device)
     needed = size.needed(training) - already_held
     if available is None or needed <= available:
         return
