@@ -37,8 +37,8 @@ from mlm_adapt.errors import (
     parser_message,
     user_message,
 )
+from mlm_adapt.guard.loads import bounded_loader
 from mlm_adapt.guard.outputs import forget_published, missing_published
-from mlm_adapt.guard.yaml_limits import bounded_loader
 from mlm_adapt.training.signals import STOP, install_stop_handlers, stop_now
 
 

@@ -18,9 +18,9 @@ from mlm_adapt.data import MLMDataModule
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
-from mlm_adapt.guard.model_size import check_trainer_fits
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.model.checkpoints import callback_state, checkpoint_metadata
+from mlm_adapt.model.loading import check_trainer_fits
 from mlm_adapt.training import default_callbacks
 from mlm_adapt.training.continue_logs import attach_csv_logs
 from mlm_adapt.training.resume import ResumeCheck

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -248,9 +247,6 @@ def read_manifest(directory: Path) -> dict:
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:
-    """Writes ``manifest.json`` durably (flushed to disk before the directory is renamed into place)."""
-    path = directory / MANIFEST
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(manifest, handle, ensure_ascii=False, indent=2, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
+    """Writes ``manifest.json`` into a staging directory of ``write_directory`` (which fsyncs it)."""
+    text = json.dumps(manifest, ensure_ascii=False, indent=2, sort_keys=True)
+    (directory / MANIFEST).write_text(text, encoding="utf-8")

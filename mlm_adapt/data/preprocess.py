@@ -12,6 +12,7 @@ fingerprint); streamed ones through ``IterableDataset.map``, lazily.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -29,6 +30,7 @@ from datasets.utils import tqdm as hf_tqdm
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError, exception_line
+from mlm_adapt.guard.outputs import Output, write_file, write_text
 from mlm_adapt.text.blocks import PackedBlocks, pack_blocks
 from mlm_adapt.text.segmentation import WordSegmenter
 from mlm_adapt.text.tokens import TOKENIZATION_VERSION, tokenize_flat
@@ -160,9 +162,10 @@ def map_blocks(
 
     The files are a cache like ``datasets``' own: beside the documents' Arrow files, named by a fingerprint
     of the documents (``datasets``' own fingerprint of them) and of every setting that shapes the blocks,
-    published by renames and listed last by an index file; a later call with the same fingerprint (``setup``
-    after ``prepare_data``, another node on a shared cache) only maps them. Documents without files (built
-    in memory) or with caching off are processed into a temporary directory and loaded into memory.
+    each published by :func:`~mlm_adapt.guard.outputs.write_file` and listed last by an index file; a later
+    call with the same fingerprint (``setup`` after ``prepare_data``, another node on a shared cache) only
+    maps them. Documents without files (built in memory) or with caching off are processed into a temporary
+    directory and loaded into memory.
 
     Args:
         documents: Documents with a ``text`` column.
@@ -184,24 +187,29 @@ def map_blocks(
             return cached
     workers = max(1, min(processes, -(-len(documents) // BATCH)))
     shares = [share(len(documents), i, workers) for i in range(workers)]
-    with tempfile.TemporaryDirectory(dir=cache_dir if index else None, prefix=".blocks-") as scratch:
-        names = [
-            f"{index.stem if index else 'blocks'}-{i:05d}-of-{workers:05d}.arrow" for i in range(workers)
-        ]
-        paths = [Path(scratch, name) for name in names]
+    names = [f"{index.stem if index else 'blocks'}-{i:05d}-of-{workers:05d}.arrow" for i in range(workers)]
+    with contextlib.ExitStack() as stack:
+        if index is None:  # nowhere to keep them: a scratch directory, read into memory before it goes
+            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix=".blocks-"))
+            paths = [Path(scratch, name) for name in names]
+        else:  # each part published as every output is, when all were written
+            paths = [stack.enter_context(write_file(_cache_output(index.parent / n))) for n in names]
         job = _Job(documents, fn_kwargs, features)
         with hf_tqdm(total=len(documents), desc=desc, unit=" examples") as bar:
             if workers == 1:
                 job.run(shares[0], paths[0], bar.update)
             else:
                 _run_forked(job, shares, paths, bar.update)
-        if index is None:  # nowhere to keep them: into memory, before the scratch directory goes
+        if index is None:
             tables = [pa.ipc.open_stream(pa.memory_map(str(path))).read_all() for path in paths]
             return datasets.Dataset(pa.concat_tables(tables), info=datasets.DatasetInfo(features=features))
-        for path, name in zip(paths, names, strict=True):
-            os.replace(path, index.parent / name)
-        _write_index(index, names)
+    # The index, written last, lists the parts: an index on disk means every part it names is complete.
+    write_text(_cache_output(index), json.dumps({"parts": names}))
     return _load_index(index)
+
+
+def _cache_output(path: Path) -> Output:
+    return Output(path, key="data.cache_dir", directory=False)
 
 
 def share(length: int, index: int, count: int) -> range:
@@ -321,13 +329,6 @@ def _tokenizer_state(tokenizer: PreTrainedTokenizerBase) -> Any:
     definition.pop("truncation", None)
     definition.pop("padding", None)
     return [type(tokenizer).__name__, definition, block_special_ids(tokenizer)]
-
-
-def _write_index(index: Path, names: list[str]) -> None:
-    """Lists the part files last, by a rename: an index on disk means every part it names was complete."""
-    partial = index.with_name(f".{index.name}.{os.getpid()}")
-    partial.write_text(json.dumps({"parts": names}))
-    os.replace(partial, index)
 
 
 def _load_index(index: Path) -> datasets.Dataset | None:

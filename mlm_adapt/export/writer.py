@@ -14,8 +14,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import CONFIG_FILENAME, ExportInfo, render_model_card
+from mlm_adapt.guard.loads import pretrained_tokenizer
 from mlm_adapt.guard.outputs import Output, write_directory
-from mlm_adapt.guard.pretrained import pretrained_masked_lm, pretrained_tokenizer
+from mlm_adapt.model.loading import pretrained_masked_lm
 
 __all__ = ["probe_batch", "verify_export", "write_export"]
 

@@ -1,14 +1,20 @@
-"""Every file mlm_adapt loads: checkpoints, FSDP shards, ``pytorch_model.bin`` and safetensors, without code.
+"""Every file mlm_adapt loads, without running code from it.
 
-A ``.ckpt`` is a pickle; unpickling an untrusted one with ``weights_only=False`` runs whatever it names.
-Every torch file goes through :func:`load_weights_only`: ``torch.load(weights_only=True)`` -- tensors,
-containers and primitives only -- plus :data:`ALLOWED_GLOBALS`, the few other types mlm_adapt's own
-checkpoints hold. Before torch sees a file it is classified (missing, a directory, empty, truncated, not a
-``torch.save`` archive), so each failure is one line naming the file and the reason, never torch's advice
-to load with ``weights_only=False``. FSDP sharded checkpoints: their ``.metadata`` (which torch reads with a
-plain ``pickle.load``) goes through a restricted unpickler, and their non-tensor entries (``BYTE_IO``, which
-torch unpickles with ``weights_only=False``) are read weights-only here. A safetensors header is checked
-against the file's size before the safetensors library parses it.
+- Torch files (checkpoints, ``pytorch_model.bin``, ``meta.pt``): ``torch.load(weights_only=True)`` plus
+  :data:`ALLOWED_GLOBALS`. A file is classified first (missing, a directory, empty, truncated, not a
+  ``torch.save`` archive), so each failure is one line naming the file and the reason, never torch's
+  advice to load with ``weights_only=False``.
+- FSDP sharded checkpoints: ``.metadata`` (which torch reads with a plain ``pickle.load``) goes through a
+  restricted unpickler, and the non-tensor entries (which torch unpickles with ``weights_only=False``) are
+  read weights-only.
+- safetensors: the library's ``safe_open`` checks the header against the file (a 2**62-byte header, a
+  truncated file) before anything is allocated.
+- Hugging Face directories and Hub names: every ``from_pretrained`` passes ``trust_remote_code=False``
+  (transformers would otherwise ask on stdin, and accept a piped ``y``). A local directory is checked
+  first: ``config.json``, tokenizer files, no ``auto_map`` code, weight files readable as above.
+- YAML (``--config`` files and values): PyYAML builds an alias as a shared reference, but every later copy
+  or walk of the value (jsonargparse's validation, ``deepcopy``, the dump into ``config.yaml``) expands
+  it; a document over :data:`MAX_EXPANDED_NODES` expanded values ("billion laughs") is refused.
 """
 
 from __future__ import annotations
@@ -20,54 +26,54 @@ import pickle
 import re
 import struct
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from lightning.fabric.utilities.load import _METADATA_FILENAME
+from safetensors import safe_open
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
-from mlm_adapt.errors import MLMAdaptError, exception_line
+from mlm_adapt.errors import MLMAdaptError, check_model_path, exception_line
 
-# Types beyond what weights_only admits. mlm_adapt's own checkpoints (single device, DDP, streaming, FSDP
-# full; checked with torch.serialization.get_unsafe_globals_in_checkpoint) need none; paths are allowed
-# because hyper-parameters given from Python (MLMDataModule(cache_dir=Path(...))) are stored as such.
+# Types beyond what weights_only admits: hyper-parameters given from Python (cache_dir=Path(...)) are stored
+# as paths. mlm_adapt's own checkpoints need nothing else (torch's get_unsafe_globals_in_checkpoint).
 ALLOWED_GLOBALS: list[Any] = [pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath]
-
-# The safetensors library's own limit on the JSON header (its Rust reader refuses more).
-MAX_SAFETENSORS_HEADER = 100_000_000
+TRUST_REMOTE_CODE = False
+# Files that hold a tokenizer's vocabulary (one is enough; tokenizer_config.json alone is not).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+# Far above any real config (the shipped ones have a few hundred nodes), far below what exhausts memory.
+MAX_EXPANDED_NODES = 1_000_000
+MAX_YAML_BYTES = 16 * 1024 * 1024
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE_PROTO = 0x80  # torch.save's legacy (pre-zip) format starts with a pickle PROTO opcode
-
-# What torch.distributed.checkpoint pickles into ``.metadata`` (classes are called only with the
-# pickled arguments, i.e. constructed, which is harmless for these).
+# What torch.distributed.checkpoint pickles into ``.metadata`` (classes are only constructed from the
+# pickled arguments, which is harmless for these).
+_DCP_METADATA_CLASSES = (
+    "Metadata",
+    "MetadataIndex",
+    "StorageMeta",
+    "TensorProperties",
+    "TensorStorageMetadata",
+)
+_DCP_METADATA_CLASSES += ("BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
 _DCP_GLOBALS = {
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "PurePosixPath"),
-    ("pathlib", "WindowsPath"),
     ("collections", "OrderedDict"),
-} | {
-    ("torch.distributed.checkpoint.metadata", name)
-    for name in (
-        "Metadata",
-        "MetadataIndex",
-        "StorageMeta",
-        "TensorProperties",
-        "TensorStorageMetadata",
-        "BytesStorageMetadata",
-        "ChunkStorageMetadata",
-        "_MEM_FORMAT_ENCODING",
-    )
+    *(("pathlib", name) for name in ("PosixPath", "PurePosixPath", "WindowsPath")),
+    *(("torch.distributed.checkpoint.metadata", name) for name in _DCP_METADATA_CLASSES),
 }
-# Advice in torch's messages that must never reach the user: it disables the safety this module adds.
+# Advice in library messages that must never reach the user: it disables the safety this module adds.
 _UNSAFE_ADVICE = ("weights_only", "_use_new_zipfile_serialization", "trust_remote_code")
 
 
@@ -83,31 +89,13 @@ def _refusal(path: Path, key: str, exc: Exception) -> MLMAdaptError:
     )
 
 
-def _first_safe_line(exc: BaseException) -> str:
-    """The first line of ``exc``'s message, or its type where that line advises disabling a safety."""
-    if any(advice in str(exc) for advice in _UNSAFE_ADVICE):
-        return type(exc).__name__
-    return exception_line(exc)
-
-
-def check_torch_file(
-    path: str | Path, key: str = "--ckpt_path", what: str = "a .ckpt file the trainer wrote"
-) -> Path:
-    """Refuses, with one line, a path that cannot be a ``torch.save`` file (before torch reads it).
-
-    Args:
-        path: The file.
-        key: The option that named ``path``, for messages.
-        what: What the option expects, for the hint.
-
-    Returns:
-        ``path`` as a ``Path``.
-    """
-    path = Path(path)
+def _check_torch_file(path: Path, key: str) -> None:
+    """Refuses, with one line, a path that cannot be a ``torch.save`` file (before torch reads it)."""
+    what = "give a .ckpt file the trainer wrote"
     if not path.exists():
-        raise MLMAdaptError(f"{key}: {path} does not exist; give {what}")
+        raise MLMAdaptError(f"{key}: {path} does not exist; {what}")
     if path.is_dir():
-        raise MLMAdaptError(f"{key}: {path} is a directory, not a checkpoint file; give {what}")
+        raise MLMAdaptError(f"{key}: {path} is a directory, not a checkpoint file; {what}")
     try:
         size = path.stat().st_size
         with open(path, "rb") as handle:
@@ -120,57 +108,46 @@ def check_torch_file(
     elif head == _ZIP_MAGIC:
         try:
             with zipfile.ZipFile(path) as archive:
-                names = archive.namelist()
+                if not any(name.endswith("data.pkl") for name in archive.namelist()):
+                    reason = "it is a zip archive without data.pkl, not a checkpoint"
         except (zipfile.BadZipFile, OSError, EOFError):
-            names = None
             reason = f"it is truncated ({size} bytes, no zip directory: an interrupted write or copy)"
-        if names is not None and not any(name.endswith("data.pkl") for name in names):
-            reason = "it is a zip archive without data.pkl, not a checkpoint"
     elif head[0] != _PICKLE_PROTO:
         reason = "it is not a checkpoint (garbage: not a torch.save file)"
     if reason is not None:
-        raise MLMAdaptError(f"{key}: cannot read {path} as a Lightning checkpoint: {reason}; give {what}")
-    return path
+        raise MLMAdaptError(f"{key}: cannot read {path} as a Lightning checkpoint: {reason}; {what}")
+
+
+def _torch_load(source: Path | io.BytesIO, key: str, where: Path, **kwargs: Any) -> Any:
+    try:
+        with torch.serialization.safe_globals(ALLOWED_GLOBALS):
+            return torch.load(source, weights_only=True, **kwargs)
+    except pickle.UnpicklingError as exc:
+        raise _refusal(where, key, exc) from None
 
 
 def load_weights_only(
     path: str | Path, key: str = "--ckpt_path", map_location: Any = "cpu", mmap: bool = False
 ) -> Any:
-    """``torch.load(path, weights_only=True)`` with :data:`ALLOWED_GLOBALS`; one-line errors.
+    """``torch.load(path, weights_only=True)`` with :data:`ALLOWED_GLOBALS` and one-line errors.
 
-    Args:
-        path: A file written by ``torch.save``.
-        key: The option that named ``path``, for messages.
-        map_location: Where tensors go (default CPU).
-        mmap: Map the tensors' storage instead of reading it (to look at the other entries cheaply).
+    ``mmap`` maps the tensors' storage instead of reading it (to look at the other entries cheaply).
     """
-    path = check_torch_file(path, key)
+    path = Path(path)
+    _check_torch_file(path, key)
     # torch maps only zip-format files; a legacy-format file is read whole (still weights-only), so that
     # its refusal names the real reason rather than torch's mmap complaint.
-    mmap = mmap and zipfile.is_zipfile(path)
     try:
-        with torch.serialization.safe_globals(ALLOWED_GLOBALS):
-            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as exc:
-        raise _refusal(path, key, exc) from None
+        return _torch_load(path, key, path, map_location=map_location, mmap=mmap and zipfile.is_zipfile(path))
     except (RuntimeError, EOFError, ValueError, OSError, KeyError, AttributeError, struct.error) as exc:
         raise MLMAdaptError(
-            f"{key}: cannot read {path} as a Lightning checkpoint: damaged ({_first_safe_line(exc)})"
+            f"{key}: cannot read {path} as a Lightning checkpoint: damaged ({safe_line(exc)})"
         ) from None
 
 
-def _load_bytes_weights_only(value: io.BytesIO, where: str) -> Any:
-    try:
-        with torch.serialization.safe_globals(ALLOWED_GLOBALS):
-            return torch.load(value, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise _refusal(Path(where), "--ckpt_path", exc) from None
-
-
 class _WeightsOnlyPlanner(_EmptyStateDictLoadPlanner):
-    """Torch's planner for reading a whole sharded checkpoint, with its non-tensor entries read weights-only.
-
-    torch's own ``load_bytes`` unpickles them with ``weights_only=False``: a crafted shard could run code.
+    """Torch's planner for reading a whole sharded checkpoint, with its non-tensor entries read weights-only
+    (torch's own ``load_bytes`` unpickles them with ``weights_only=False``: a crafted shard could run code).
     """
 
     def __init__(self, directory: Path) -> None:
@@ -179,7 +156,9 @@ class _WeightsOnlyPlanner(_EmptyStateDictLoadPlanner):
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         fqn = read_item.dest_index.fqn
-        loaded = _load_bytes_weights_only(value, f"{self.directory} (entry {fqn})")
+        loaded = _torch_load(
+            value, "--ckpt_path", Path(f"{self.directory} (entry {fqn})"), map_location="cpu"
+        )
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[fqn], loaded)
         else:
@@ -247,53 +226,168 @@ def load_sharded(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any]:
         if refused is not None:
             raise refused from None
         raise MLMAdaptError(
-            f"{key}: cannot read the shards of {path}: damaged sharded checkpoint ({_first_safe_line(exc)})"
+            f"{key}: cannot read the shards of {path}: damaged sharded checkpoint ({safe_line(exc)})"
         ) from None
     checkpoint.update(meta)
     return checkpoint
 
 
-def check_safetensors(path: str | Path, key: str) -> None:
-    """Refuses a safetensors file whose header does not fit the file, before the library parses it.
+def weight_files(directory: Path) -> list[Path]:
+    """The weight files transformers reads from a model directory: its safetensors, else its ``.bin``."""
+    return sorted(directory.glob("*.safetensors")) or sorted(directory.glob("pytorch_model*.bin"))
 
-    The format is an 8-byte little-endian header length, that many bytes of JSON, then the tensor data; a
-    crafted length (2**62) or a truncated file is one line here instead of an allocation or a traceback.
-    """
-    path = Path(path)
-    size = path.stat().st_size
-    if size == 0:
-        raise MLMAdaptError(f"{key}: {path} is empty (0 bytes): not a safetensors file")
-    with open(path, "rb") as handle:
-        prefix = handle.read(8)
-        if len(prefix) < 8:
-            raise MLMAdaptError(f"{key}: {path} is truncated ({size} bytes): not a safetensors file")
-        header_size = int.from_bytes(prefix, "little")
-        if header_size > min(MAX_SAFETENSORS_HEADER, size - 8):
+
+def weight_shapes(path: Path, key: str) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in a weight file, from its header (safetensors) or memory-mapped (``.bin``)."""
+    if path.suffix == ".safetensors":
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}  # noqa: SIM118 -- no __iter__
+        except Exception as exc:  # the safetensors library raises its own error types
             raise MLMAdaptError(
-                f"{key}: {path} declares a {header_size}-byte safetensors header in a {size}-byte file: "
-                "truncated or not a safetensors file"
-            )
-        raw = handle.read(header_size)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise MLMAdaptError(f"{key}: {path} has a header that is not JSON: not a safetensors file") from None
-    if not isinstance(header, dict):
-        raise MLMAdaptError(f"{key}: {path} has a header that is not a JSON object: not a safetensors file")
-    data_size = size - 8 - header_size
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
-            raise MLMAdaptError(f"{key}: {path}: tensor {name!r} has no valid data_offsets: damaged file")
-        if not 0 <= offsets[0] <= offsets[1] <= data_size:
-            raise MLMAdaptError(
-                f"{key}: {path} is truncated: tensor {name!r} ends at byte {offsets[1]} of {data_size}"
-            )
+                f"{key}: cannot read {path}: its safetensors header does not fit the file "
+                f"({exception_line(exc)}): truncated or not a safetensors file"
+            ) from None
+    state = load_weights_only(path, key, mmap=True)
+    if not isinstance(state, dict):
+        raise MLMAdaptError(
+            f"{key}: {path} holds no state dict (a {type(state).__name__}); not a weight file"
+        )
+    return {name: tuple(t.shape) for name, t in state.items() if isinstance(t, torch.Tensor)}
 
 
 def is_sharded_checkpoint(path: str | Path) -> bool:
     """Whether ``path`` is a directory in FSDP's sharded-checkpoint layout (``.metadata`` or ``meta.pt``)."""
     path = Path(path)
     return path.is_dir() and ((path / ".metadata").is_file() or (path / _METADATA_FILENAME).is_file())
+
+
+# --- Hugging Face directories and Hub names ----------------------------------------------------------------
+
+
+def _json(path: Path, key: str) -> dict[str, Any]:
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        empty = path.is_file() and path.stat().st_size == 0
+        reason = "empty" if empty else f"not JSON ({type(exc).__name__})"
+        raise MLMAdaptError(f"{key}: cannot read {path}: {reason}; give a save_pretrained dir") from None
+    if not isinstance(loaded, dict):
+        raise MLMAdaptError(f"{key}: {path} is not a JSON object; give a save_pretrained directory")
+    return loaded
+
+
+def _refuse_remote_code(directory: Path, key: str) -> None:
+    """Refuses a directory whose config names code to run (``auto_map``), before transformers reads it."""
+    for path in (directory / "config.json", directory / "tokenizer_config.json"):
+        if path.is_file() and "auto_map" in _json(path, key):
+            raise MLMAdaptError(
+                f"{key}: {path} names code to run (auto_map): needs code, and mlm_adapt never runs code "
+                "from a model directory (trust_remote_code=False); use a model of a transformers class"
+            )
+
+
+def check_config_dir(directory: Path, key: str) -> None:
+    """A local model directory must hold ``config.json`` and no ``auto_map`` code."""
+    if not (directory / "config.json").is_file():
+        raise MLMAdaptError(
+            f"{key}: {directory} has no config.json, so it is not a Hugging Face model directory; give a "
+            "directory written by save_pretrained (or export) or a Hub name"
+        )
+    _refuse_remote_code(directory, key)
+
+
+def check_weight_files(directory: Path, key: str) -> None:
+    """Reads the headers (safetensors) or weights-only pickles (``.bin``) transformers would read."""
+    for path in weight_files(directory):
+        weight_shapes(path, key)
+
+
+def _check_tokenizer_dir(directory: Path, key: str) -> None:
+    if not any(directory.glob("*.model")) and not any((directory / n).is_file() for n in TOKENIZER_FILES):
+        raise MLMAdaptError(
+            f"{key}: {directory} has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...); save the "
+            "tokenizer into it too (tokenizer.save_pretrained) or name the original model"
+        )
+    _refuse_remote_code(directory, key)
+
+
+def safe_line(exc: BaseException) -> str:
+    """The first line of a library's error, or what it means where that line advises disabling a safety."""
+    if any(advice in str(exc) for advice in _UNSAFE_ADVICE):
+        return f"{type(exc).__name__} (the files need code or unsafe unpickling, which mlm_adapt refuses)"
+    return exception_line(exc)
+
+
+def check_local(name: str, key: str, *checks: Callable[[Path, str], None]) -> None:
+    """Refuses a bad ``name``; for a local directory, runs ``checks`` on it before anything is loaded."""
+    check_model_path(name, key)
+    directory = Path(name).expanduser()
+    if directory.is_dir():
+        for check in checks:
+            check(directory, key)
+
+
+def pretrained_config(name: str, key: str) -> PretrainedConfig:
+    """``AutoConfig.from_pretrained(name, trust_remote_code=False)`` after the local checks."""
+    check_local(name, key, check_config_dir)
+    try:
+        return AutoConfig.from_pretrained(name, trust_remote_code=TRUST_REMOTE_CODE)
+    except Exception as exc:
+        raise MLMAdaptError(f"{key}: cannot load a model config from {name!r}: {safe_line(exc)}") from None
+
+
+def pretrained_tokenizer(name: str, key: str) -> PreTrainedTokenizerBase:
+    """``AutoTokenizer.from_pretrained(name, trust_remote_code=False)`` after the local checks."""
+    check_local(name, key, _check_tokenizer_dir)
+    try:
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=TRUST_REMOTE_CODE)
+    except Exception as exc:
+        raise MLMAdaptError(f"{key}: cannot load a tokenizer from {name!r}: {safe_line(exc)}") from None
+
+
+# --- YAML --------------------------------------------------------------------------------------------------
+
+
+def check_yaml_expansion(text: str, source: str = "a --config file or YAML value") -> None:
+    """Refuses YAML text over :data:`MAX_YAML_BYTES`, or whose aliases expand to over
+    :data:`MAX_EXPANDED_NODES` values (counted on the composed node graph, one visit per distinct node)."""
+    if len(text) > MAX_YAML_BYTES:
+        raise MLMAdaptError(
+            f"{source}: {len(text)} characters of YAML (the limit is {MAX_YAML_BYTES}); configs are smaller"
+        )
+    if "*" not in text:  # no alias: its size is its length
+        return
+    try:
+        nodes = [node for node in yaml.compose_all(text, Loader=yaml.SafeLoader) if node is not None]
+    except yaml.YAMLError:
+        return  # not valid YAML: the loader reports it
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        if id(node) not in sizes:
+            sizes[id(node)] = 1  # a recursive alias counts once, as PyYAML builds it (a cycle, not a copy)
+            children = node.value if isinstance(node, yaml.SequenceNode) else []
+            if isinstance(node, yaml.MappingNode):
+                children = [child for pair in node.value for child in pair]
+            sizes[id(node)] = 1 + sum(size(child) for child in children)
+        return sizes[id(node)]
+
+    total = sum(size(node) for node in nodes)
+    if total > MAX_EXPANDED_NODES:
+        raise MLMAdaptError(
+            f"{source}: its YAML aliases expand to {total} values (the limit is {MAX_EXPANDED_NODES}): "
+            "an alias bomb; write the values out instead of nesting aliases"
+        )
+
+
+def bounded_loader(load: Any) -> Any:
+    """``load`` (a ``str -> value`` YAML loader, e.g. jsonargparse's) behind :func:`check_yaml_expansion`."""
+
+    def load_bounded(text: str) -> Any:
+        if isinstance(text, str):
+            check_yaml_expansion(text)
+        return load(text)
+
+    load_bounded.bounded = True  # type: ignore[attr-defined]
+    return load_bounded

@@ -1,13 +1,18 @@
-"""Exclusive locks on output paths: ``fcntl.flock`` on a lock file ``.<name>.lock`` beside the output.
+"""Exclusive locks on output paths, and the staging directories outputs are written in.
 
-The lock file is created next to the real (symlink-resolved) output, so two spellings of one directory
-share one lock. It holds a small JSON record (pid, host) for the "busy" message and is removed on
-release; the inode is re-checked after locking so a lock file removed and recreated meanwhile is never
-trusted. A file at the lock's name that is not such a record (a user's) is refused, never truncated.
-Locks are re-entrant within a process. Where ``flock`` is missing (Lustre mounted without ``-o flock``,
-Windows) the write goes on unlocked after a warning: the atomic publish still holds, only concurrent
-writers are no longer told apart. Forked workers close the lock files they inherit and, on Linux, die with
-their parent, so no process but the command that took a lock can hold it.
+Locks: ``fcntl.flock`` on ``.<name>.lock`` beside the real (symlink-resolved) output, so two spellings of
+one path share one lock. The file holds a ``{pid, host}`` record for the "busy" message and is removed on
+release; its inode is re-checked after locking, so one removed and recreated meanwhile is never trusted.
+A file at that name that is not our record is refused, never truncated; a dead owner's record is taken
+over with one line. Locks are re-entrant within a process. Where ``flock`` is missing (Lustre without
+``-o flock``, Windows) the write goes on unlocked after a warning: the atomic publish still holds. Forked
+workers close the lock files they inherit and, on Linux, die with their parent.
+
+Staging: an output is written in ``.<name>.staging-<token>/new`` beside its target (same filesystem, so the
+publishing rename is atomic); a directory output being replaced waits in ``old``. The marker
+``.mlm_adapt-staging.json`` names the target and the token and is ``flock``-ed by its writer for the
+directory's whole life. A leftover is deleted only when its marker proves it ours and its lock can be
+taken (the kernel drops a killed writer's): a user's ``.export.staging-mynotes/`` is never touched.
 """
 
 from __future__ import annotations
@@ -17,28 +22,32 @@ import ctypes
 import errno
 import json
 import os
+import shutil
 import signal
 import socket
+import stat
 import sys
+import tempfile
 import threading
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlm_adapt.errors import MLMAdaptError
 
 try:
     import fcntl
-except ImportError:  # Windows: no flock; writes go on unlocked (see the module docstring)
+except ImportError:  # Windows: no flock; writes go on unlocked
     fcntl = None
 
-_LOCK_FORMAT = "mlm_adapt lock"
+STAGING_MARKER = ".mlm_adapt-staging.json"
+_STAGING_FORMAT, _LOCK_FORMAT = "mlm_adapt staging", "mlm_adapt lock"
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
 _held: dict[Path, list[int]] = {}  # lock file -> [fd, depth]; fd -1: unlocked (flock unsupported)
 _registry = threading.Lock()
-
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _parent_at_fork: list[int] = []
 
 
@@ -47,12 +56,10 @@ def _before_fork() -> None:
 
 
 def _in_forked_child() -> None:
-    """A forked child (a ``datasets.map`` or DataLoader worker) inherits no lock and dies with its parent.
+    """A forked worker inherits no lock and dies with its parent.
 
-    ``flock`` belongs to the open file, which a fork shares: a worker left alive after its parent was killed
-    (SIGKILL, the OOM killer) would keep every lock of the parent held, and each later run would be refused
-    as if the parent still wrote. Closing the child's copies leaves the parent's locks as they are; and on
-    Linux the kernel kills the child when its parent goes, so no idle worker outlives the command.
+    ``flock`` belongs to the open file, which a fork shares: a worker outliving its killed parent would keep
+    the parent's locks held, and each later run would be refused as if the parent still wrote.
     """
     global _registry
     _registry = threading.Lock()  # another thread may have held it at the fork
@@ -77,8 +84,7 @@ def lock_path(target: Path) -> Path:
     return target.parent / f".{target.name}.lock"
 
 
-def owner_record() -> dict[str, object]:
-    """Who holds a lock or a staging directory: this process on this host."""
+def _owner() -> dict[str, object]:
     return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
@@ -89,25 +95,23 @@ def _holder(path: Path) -> str:
     return ""
 
 
-def _open_lock(path: Path, key: str, shown: str) -> int:
+def _try_lock(fd: int) -> bool:
+    """Whether the lock on an open file could be taken now (its holder, if any, is gone); keeps it."""
+    if fcntl is None:
+        return False
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise MLMAdaptError(
-                f"{key}: {path} (the lock file of {shown}) is a symbolic link; remove it"
-            ) from None
-        raise MLMAdaptError(
-            f"{key}: cannot create the lock file {path} for {shown}: {exc.strerror}"
-        ) from None
+        if exc.errno in _UNSUPPORTED:
+            return False  # liveness unknown: treat as alive
+        raise
+    return True
 
 
 def _claim(fd: int, path: Path, key: str, shown: str) -> None:
-    """Refuses a lock file holding anything but a lock record, then writes ours.
-
-    A record there is a dead owner's (we hold the ``flock``, and an owner that releases removes the file):
-    killed, or its machine gone. Its lock is taken over with one line saying whose it was.
-    """
+    """Refuses a lock file holding anything but our record; a record there is a dead owner's: taken over."""
     with os.fdopen(os.dup(fd), "r+", encoding="utf-8") as handle:
         text = handle.read()
         if text.strip():
@@ -128,11 +132,11 @@ def _claim(fd: int, path: Path, key: str, shown: str) -> None:
             )
         handle.seek(0)
         handle.truncate()
-        handle.write(json.dumps({"format": _LOCK_FORMAT, **owner_record()}) + "\n")
+        handle.write(json.dumps({"format": _LOCK_FORMAT, **_owner()}) + "\n")
 
 
 def acquire(target: Path, key: str, shown: str, wait: bool = False) -> None:
-    """Takes the exclusive lock of ``target`` (its parent must exist), or refuses: another process has it.
+    """Takes the exclusive (re-entrant) lock of ``target``, whose parent must exist, or refuses.
 
     With ``wait`` it waits for the other process instead (one line says for whom), e.g. for the node that
     fills a shared cache.
@@ -143,21 +147,28 @@ def acquire(target: Path, key: str, shown: str, wait: bool = False) -> None:
             _held[path][1] += 1
             return
         while True:
-            fd = _open_lock(path, key, shown)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+            except OSError as exc:
+                reason = "is a symbolic link; remove it" if exc.errno == errno.ELOOP else None
+                raise MLMAdaptError(
+                    f"{key}: {path} (the lock file of {shown}) {reason}"
+                    if reason
+                    else f"{key}: cannot create the lock file {path} for {shown}: {exc.strerror}"
+                ) from None
             try:
                 if fcntl is None:
                     raise OSError(errno.ENOSYS, "no flock on this platform")
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                if wait:
-                    print(f"mlm_adapt: waiting for {shown}{_holder(path)}", flush=True)
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                else:
+                if not wait:
                     os.close(fd)
                     raise MLMAdaptError(
                         f"{key}: {shown} is being written by another mlm_adapt process{_holder(path)}; wait "
                         "for it to finish or choose another directory"
                     ) from None
+                print(f"mlm_adapt: waiting for {shown}{_holder(path)}", flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
             except OSError as exc:
                 os.close(fd)
                 if exc.errno not in _UNSUPPORTED:
@@ -167,13 +178,10 @@ def acquire(target: Path, key: str, shown: str, wait: bool = False) -> None:
                 )
                 _held[path] = [-1, 1]
                 return
-            # Locked; but a file removed (by a holder releasing) or replaced meanwhile locks nothing.
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
+            # A lock file removed (by a holder releasing) or replaced meanwhile locks nothing: retry.
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
+                    break
             os.close(fd)
         try:
             _claim(fd, path, key, shown)
@@ -194,14 +202,13 @@ def release(target: Path) -> None:
         if entry[1] > 0:
             return
         del _held[path]
-        fd = entry[0]
-        if fd < 0:
+        if entry[0] < 0:
             return
-        # Unlink while still locked: a waiter that opened this inode re-checks it and retries.
+        # Unlinked while still locked: a waiter that opened this inode re-checks it and retries.
         with contextlib.suppress(OSError):
-            if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
+            if os.path.samestat(os.fstat(entry[0]), os.stat(path, follow_symlinks=False)):
                 os.unlink(path)
-        os.close(fd)
+        os.close(entry[0])
 
 
 @contextlib.contextmanager
@@ -214,16 +221,79 @@ def locked(target: Path, key: str, shown: str, wait: bool = False) -> Iterator[N
         release(target)
 
 
-def try_lock_file(fd: int) -> bool:
-    """Whether the lock on an open file could be taken now (its holder, if any, is gone); keeps it."""
-    if fcntl is None:
+@dataclass
+class Staging:
+    """A staging directory of this process: its path and the open (locked) marker."""
+
+    path: Path
+    marker_fd: int
+
+    @property
+    def payload(self) -> Path:
+        """Where the new output is written."""
+        return self.path / "new"
+
+    @property
+    def backup(self) -> Path:
+        """Where an earlier directory output waits while it is replaced."""
+        return self.path / "old"
+
+    def remove(self) -> None:
+        """Deletes the staging directory (and whatever it still holds) and drops its lock."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.close(self.marker_fd)
+
+
+def _staging_prefix(target: Path) -> str:
+    return f".{target.name}.staging-"
+
+
+def create_staging(target: Path) -> Staging:
+    """A fresh staging directory for the (resolved) ``target``, marked and locked as this process's."""
+    path = Path(tempfile.mkdtemp(prefix=_staging_prefix(target), dir=target.parent))
+    token = path.name.removeprefix(_staging_prefix(target))
+    record = {"format": _STAGING_FORMAT, "target": target.name, "token": token, **_owner()}
+    fd = os.open(path / STAGING_MARKER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+        _try_lock(fd)  # only we know the name yet: False means flock is unsupported (kept as live)
+    except BaseException:
+        os.close(fd)
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return Staging(path, fd)
+
+
+def _is_dead_staging(entry: Path, target: Path) -> bool:
+    """Whether ``entry`` is a staging directory of ``target`` by its marker and its writer is gone."""
+    try:
+        if not stat.S_ISDIR(entry.lstat().st_mode):
+            return False
+        record = json.loads((entry / STAGING_MARKER).read_text(encoding="utf-8"))
+        expected = {"format": _STAGING_FORMAT, "target": target.name}
+        expected["token"] = entry.name.removeprefix(_staging_prefix(target))
+        if not isinstance(record, dict) or any(record.get(k) != v for k, v in expected.items()):
+            return False
+        fd = os.open(entry / STAGING_MARKER, os.O_RDONLY | os.O_NOFOLLOW)
+    except (OSError, ValueError):
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError as exc:
-        if exc.errno in _UNSUPPORTED:
-            return False  # liveness unknown: treat as alive
-        raise
-    return True
+        return _try_lock(fd)
+    finally:
+        os.close(fd)
+
+
+def clean_leftovers(target: Path) -> None:
+    """Deletes the staging directories of ``target`` that killed writers left (proven ours, writer gone).
+
+    A directory output interrupted between its two renames left the target absent and the earlier output
+    in ``old``: it is renamed back first. Called with the target's lock held for directory outputs.
+    """
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in target.parent.iterdir():
+            if entry.name.startswith(_staging_prefix(target)) and _is_dead_staging(entry, target):
+                backup = entry / "old"
+                if backup.is_dir() and not backup.is_symlink() and not os.path.lexists(target):
+                    os.rename(backup, target)
+                shutil.rmtree(entry, ignore_errors=True)

@@ -1,52 +1,224 @@
-"""Every path the tool writes goes through here: exports, vocabulary files, plots, checkpoints.
+"""Every file the tool writes goes through here: exports, prepared shards, vocabularies, plots, checkpoints.
 
 An :class:`Output` names the path, the option it came from and the run's inputs. The rules, checked by
 :func:`check_output` before any work and again under the lock when writing:
 
-- Symlinks are resolved deliberately (see :mod:`mlm_adapt.guard.paths`); dangling ones are refused.
-- An output never is, contains, lies inside or would be globbed as an input of the run (corpus,
-  validation and task files, user dictionary, new-tokens file, base model, checkpoint); a directory output
+- Symlinks: the path is resolved (``realpath``, every component) and the real path is checked, locked and
+  replaced, so a link the user pointed at it keeps pointing at the new output. A dangling link or a loop in
+  any component is refused. Checkpoint files are the exception (``follow_link=False``): Lightning makes
+  ``last.ckpt`` a link to another checkpoint (``save_last: link``), so such a name is replaced, not
+  written through.
+- An output never is, contains, lies inside or would be globbed as an input of the run; a directory output
   never is or contains the current directory or a run directory.
 - Writability is checked up front: the kind of what is there, read-only targets and parents, mount points.
-- A directory output is written under an exclusive lock (:mod:`mlm_adapt.guard.locks`) in a staging
-  directory (:mod:`mlm_adapt.guard.staging`) and published by renames. It replaces only an earlier export
-  (a directory holding :data:`MARKER` and nothing else) and only with ``overwrite``, decided again at
-  publish time. A file output is written in a staging directory too and replaces its target in one
-  ``os.replace`` (a file keeps the mode of the file it replaces).
-- Every file and directory gets the umask's mode; staging leftovers are cleaned only when proven ours.
+- An output is written under its lock in a staging directory beside it (:mod:`mlm_adapt.guard.locks`).
+  A directory output is published by renames. It replaces only an earlier export (a directory holding
+  :data:`MARKER` and nothing else) and only with ``overwrite``, decided again at publish time. A file
+  output replaces its target in one ``os.replace`` and keeps the mode of the file it replaces.
+- Every file and directory gets the umask's mode (safetensors and ``mkstemp`` write 0600) and is fsynced.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
+import glob
 import json
 import os
+import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlm_adapt.errors import MLMAdaptError, is_disk_full
-from mlm_adapt.guard.locks import locked
-from mlm_adapt.guard.paths import check_writable, refuse_inputs, refuse_run_dirs, resolve, shown
-from mlm_adapt.guard.staging import (
-    Staging,
-    apply_umask,
-    clean_leftovers,
-    create_staging,
-    fsync_dir,
-    fsync_path,
-)
+from mlm_adapt.guard.locks import Staging, clean_leftovers, create_staging, locked
 
 MARKER = ".mlm_adapt-export.json"
 _MARKER_FORMAT = "mlm_adapt export"
+_GLOB_CHARS = "*?["
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where ``/proc`` allows (no window for other threads)."""
+    with (
+        contextlib.suppress(OSError, ValueError, StopIteration),
+        open("/proc/self/status", encoding="ascii") as status,
+    ):
+        return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _finish(path: Path, file_mode: int | None = None) -> None:
+    """Gives every file under ``path`` mode ``0666 & ~umask`` (``file_mode`` for a single-file output) and
+    every directory ``0777 & ~umask``, then flushes the files to disk."""
+    mask = _umask()
+    if path.is_file():
+        entries = [(path, 0o666 & ~mask if file_mode is None else file_mode)]
+    else:
+        entries = [(path, 0o777 & ~mask)]
+        for root, dirs, files in os.walk(path):
+            entries += [(Path(root, d), 0o777 & ~mask) for d in dirs]
+            entries += [(Path(root, f), 0o666 & ~mask) for f in files]
+    for entry, mode in entries:
+        if not entry.is_symlink():
+            os.chmod(entry, mode)
+            if entry.is_file():
+                _fsync(entry)
+
+
+def _fsync(path: Path) -> None:
+    """Flushes a file, or a directory's entries (renames in it), to disk where the platform allows it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# --- path rules --------------------------------------------------------------------------------------------
+
+
+def _absolute(given: str | Path) -> Path:
+    path = Path(given).expanduser()
+    return path if path.is_absolute() else Path.cwd() / path
+
+
+def resolve(given: str | Path, key: str, follow_link: bool = True) -> Path:
+    """The real path ``given`` names, refusing a dangling link or a link loop in any component.
+
+    Args:
+        given: The path as the user wrote it.
+        key: The option that named it, for messages.
+        follow_link: Resolve the last component too (``False``: only its directory).
+    """
+    absolute = _absolute(given)
+    prefix = Path(absolute.anchor)
+    for part in absolute.parts[1:]:
+        prefix = prefix / part
+        if os.path.islink(prefix) and not os.path.exists(prefix):
+            if prefix == absolute and not follow_link:
+                break
+            where = "" if prefix == absolute else f": {prefix}"
+            raise MLMAdaptError(
+                f"{key}: {given}{where} is a symbolic link to {os.readlink(prefix)}, which does not exist "
+                "(or loops); create its target or remove the link"
+            )
+        if not os.path.lexists(prefix):
+            break  # the rest is to be created
+    if not follow_link:
+        return Path(os.path.realpath(absolute.parent)) / absolute.name
+    return Path(os.path.realpath(absolute))
+
+
+def shown(given: str | Path, real: Path) -> str:
+    """The user's path, followed by the real one when a link or ``..`` made them differ."""
+    return str(given) if os.path.normpath(_absolute(given)) == str(real) else f"{given} (-> {real})"
+
+
+def _is_within(path: Path, directory: Path) -> bool:
+    return path == directory or directory in path.parents
+
+
+def _globbed(parts: Sequence[str], pattern: Sequence[str], prefix: bool) -> bool:
+    """Whether ``glob`` would match ``parts`` with ``pattern`` (per component, ``**`` any number of them,
+    ``*`` skipping dot names); with ``prefix``, whether ``parts`` could lead to a match (a directory)."""
+    if not parts:
+        return prefix or all(p == "**" for p in pattern)
+    if not pattern:
+        return False
+    head, tail = pattern[0], pattern[1:]
+    if head == "**":
+        return prefix or any(_globbed(parts[i:], tail, prefix) for i in range(len(parts) + 1))
+    if parts[0].startswith(".") and not head.startswith("."):
+        return False
+    return fnmatch.fnmatchcase(parts[0], head) and _globbed(parts[1:], tail, prefix)
+
+
+def _conflict(real: Path, found: Path, given: str, key: str) -> str | None:
+    """How the output ``real`` collides with the input ``given`` (real path ``found``), if it does."""
+    if real == found:
+        return f"is the input {given} ({key})"
+    if found in real.parents:
+        return f"lies inside the input {given} ({key})"
+    if real in found.parents:
+        return f"contains the input {given} ({key})"
+    return None
+
+
+def _input_conflict(real: Path, directory: bool, given: str, key: str) -> str | None:
+    """How the output ``real`` collides with the input path or glob ``given`` (and what it matches now)."""
+    path = Path(given).expanduser()
+    if not any(c in given for c in _GLOB_CHARS):
+        return _conflict(real, Path(os.path.realpath(path)), given, key) if os.path.lexists(path) else None
+    cut = next(i for i, p in enumerate(path.parts) if any(c in p for c in _GLOB_CHARS))
+    root = Path(os.path.realpath(Path(*path.parts[:cut]) if cut else Path(".")))
+    if _is_within(root, real):
+        return f"contains the input {given} ({key})"
+    if root in real.parents and _globbed(real.relative_to(root).parts, path.parts[cut:], directory):
+        return f"would be read as the input {given} ({key}) by the next run"
+    matches = glob.glob(str(path), recursive=True)
+    return next(filter(None, (_conflict(real, Path(os.path.realpath(m)), m, key) for m in matches)), None)
+
+
+def _check_rules(output: Output) -> Path:
+    """The output's real path, after refusing what the path rules forbid (see the module docstring)."""
+    real, given, key = output.resolve(), output.path, output.key
+    name = shown(given, real)
+    if output.directory:
+        cwd = Path(os.path.realpath(Path.cwd()))
+        if _is_within(cwd, real):
+            what = "is the current directory" if real == cwd else f"contains the current directory {cwd}"
+            raise MLMAdaptError(f"{key}: {given} {what}; give a directory of its own, e.g. ./export")
+        for run in (Path(os.path.realpath(_absolute(d))) for d in output.run_dirs):
+            if _is_within(run, real):
+                what = "is the run directory" if real == run else f"contains the run directory {run}"
+                raise MLMAdaptError(
+                    f"{key}: {given} {what} (checkpoints and logs); give a directory of its own, "
+                    f"e.g. {run / 'export'}"
+                )
+    for input_key, items in output.inputs.items():
+        for item in filter(None, items):
+            what = _input_conflict(real, output.directory, str(item), input_key)
+            if what:
+                raise MLMAdaptError(
+                    f"{key}: {name} {what}; write it elsewhere; outputs never replace or nest in inputs"
+                )
+    if os.path.lexists(real):
+        mode = os.stat(real, follow_symlinks=False).st_mode
+        if output.directory and not stat.S_ISDIR(mode):
+            raise MLMAdaptError(f"{key}: {name} is a file; give a directory")
+        if not output.directory and stat.S_ISDIR(mode):
+            raise MLMAdaptError(f"{key}: {name} is a directory; give a file path")
+        if not output.directory and not stat.S_ISREG(mode) and not stat.S_ISLNK(mode):
+            raise MLMAdaptError(f"{key}: {name} is not a regular file; give a file path")
+        if output.directory and os.path.ismount(real):
+            raise MLMAdaptError(
+                f"{key}: {name} is a mount point, which an export cannot replace; give a directory inside "
+                f"it, e.g. {real / 'model'}"
+            )
+        # A directory output is moved aside as a whole; a file the user made read-only means "keep this".
+        if not stat.S_ISLNK(mode) and not os.access(real, os.W_OK):
+            raise MLMAdaptError(f"{key}: {name} is read-only; make it writable or write elsewhere")
+    ancestor = real.parent
+    while not os.path.lexists(ancestor):  # missing parents are created
+        ancestor = ancestor.parent
+    if not os.path.isdir(ancestor):
+        raise MLMAdaptError(f"{key}: cannot write {name}: {ancestor} is a file, not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise MLMAdaptError(
+            f"{key}: cannot write {name}: {ancestor} is read-only (or not writable by you); write elsewhere"
+        )
+    return real
+
+
+# --- outputs -----------------------------------------------------------------------------------------------
+
 # What this command published, each with the file that proves it complete (the CLI checks them at exit).
 _published: list[tuple[Path, Path]] = []
-
-
-def record_published(output: Path, proof: Path) -> None:
-    """Notes that ``output`` was published; ``proof`` (its manifest or marker) must exist at exit."""
-    _published.append((output, proof))
 
 
 def forget_published() -> None:
@@ -95,39 +267,33 @@ def write_marker(directory: str | Path) -> None:
 
     Written last, after the files were checked, so a directory with a valid marker is a complete export.
     """
-    directory = Path(directory)
-    files = sorted(p.name for p in directory.iterdir() if p.name != MARKER)
+    files = sorted(p.name for p in Path(directory).iterdir() if p.name != MARKER)
     payload = {"format": _MARKER_FORMAT, "version": 1, "files": files}
-    (directory / MARKER).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    (Path(directory) / MARKER).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
 
 
-def export_files(directory: str | Path) -> list[str] | None:
-    """The entries listed by ``directory``'s marker, or ``None`` when it has no valid marker."""
+def _listed(directory: str | Path) -> tuple[set[str], set[str]] | None:
+    """The entries ``directory``'s marker lists and those it holds (``None``: no valid marker)."""
     try:
         payload = json.loads((Path(directory) / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        listed = payload["files"] if payload["format"] == _MARKER_FORMAT else None
+    except (OSError, ValueError, TypeError, KeyError):
         return None
-    if not isinstance(payload, dict) or payload.get("format") != _MARKER_FORMAT:
+    if not isinstance(listed, list):
         return None
-    files = payload.get("files")
-    return [str(f) for f in files] if isinstance(files, list) else None
+    return {str(f) for f in listed}, {p.name for p in Path(directory).iterdir()} - {MARKER}
 
 
 def foreign_entries(directory: str | Path) -> list[str] | None:
     """Entries of ``directory`` that no export wrote (``None``: it is not an export at all)."""
-    listed = export_files(directory)
-    if listed is None:
-        return None
-    return sorted(p.name for p in Path(directory).iterdir() if p.name != MARKER and p.name not in listed)
+    entries = _listed(directory)
+    return None if entries is None else sorted(entries[1] - entries[0])
 
 
 def is_complete_export(directory: str | Path) -> bool:
     """A directory with a valid marker whose listed entries are all present and that holds nothing else."""
-    listed = export_files(directory)
-    if listed is None:
-        return False
-    present = {p.name for p in Path(directory).iterdir()} - {MARKER}
-    return present == set(listed)
+    entries = _listed(directory)
+    return entries is not None and entries[0] == entries[1]
 
 
 def _refuse_unreplaceable(output: Output, real: Path, at_publish: bool = False) -> None:
@@ -154,15 +320,6 @@ def _refuse_unreplaceable(output: Output, real: Path, at_publish: bool = False) 
             f"{key}: {given} holds {', '.join(foreign[:3])}, which no export wrote; overwrite replaces "
             "only an export's own files: move it away or choose another directory"
         )
-
-
-def _check_rules(output: Output) -> Path:
-    real = output.resolve()
-    if output.directory:
-        refuse_run_dirs(real, output.path, output.key, output.run_dirs)
-    refuse_inputs(real, output.path, output.key, output.directory, output.inputs)
-    check_writable(real, output.path, output.key, output.directory)
-    return real
 
 
 def check_output(output: Output) -> Path:
@@ -195,38 +352,25 @@ def refuse_same_outputs(outputs: Iterable[Output]) -> None:
 
 
 @contextlib.contextmanager
-def hold(output: Output) -> Iterator[Path]:
-    """Holds ``output``'s lock (creating its parents) across checks and writes; yields the real path."""
-    real = _check_rules(output)
-    real.parent.mkdir(parents=True, exist_ok=True)
-    with locked(real, output.key, output.shown(real)):
-        yield real
-
-
-def _in_user_terms(exc: BaseException, staging: Staging, real: Path) -> BaseException:
-    """The exception with the staging path replaced by the user's (a full disk stays a full disk)."""
-    inside = str(staging.payload)
-    if isinstance(exc, OSError):
-        for attr in ("filename", "filename2"):
-            value = getattr(exc, attr, None)
-            if value is not None and os.fspath(value).startswith(inside):
-                setattr(exc, attr, str(real) + os.fspath(value)[len(inside) :])
-        return exc
-    if is_disk_full(exc):
-        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(real))
-    return exc
-
-
-@contextlib.contextmanager
-def _reported_in_user_terms(staging: Staging, real: Path) -> Iterator[None]:
-    """Re-raises an error of the writer's block with the user's path in place of the staging one."""
+def _staged(output: Output, real: Path) -> Iterator[Staging]:
+    """A staging directory for ``real``, removed afterwards; an error of the block names the user's path
+    instead of the staging one (a full disk that a library reports in words stays a full disk)."""
+    clean_leftovers(real)
+    staging = create_staging(real)
     try:
-        yield
+        yield staging
     except BaseException as exc:
-        translated = _in_user_terms(exc, staging, real)
-        if translated is exc:
-            raise
-        raise translated from exc
+        inside = str(staging.payload)
+        if isinstance(exc, OSError):
+            for attr in ("filename", "filename2"):
+                value = getattr(exc, attr, None)
+                if value is not None and os.fspath(value).startswith(inside):
+                    setattr(exc, attr, str(real) + os.fspath(value)[len(inside) :])
+        elif is_disk_full(exc):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(real)) from exc
+        raise
+    finally:
+        staging.remove()
 
 
 @contextlib.contextmanager
@@ -243,70 +387,57 @@ def write_directory(
     marker is written.
 
     Under ``output``'s lock: leftovers of killed writers are repaired, the rules re-checked, the staging
-    directory created. On success the export marker is written, modes follow the umask, files are
-    fsynced, and the staging directory replaces the target: one rename for an absent or empty target;
-    for an earlier export (``overwrite``, re-checked now) two renames, target -> ``old`` inside the staging
-    directory, staging -> target. Whatever happens, the staging directory is gone afterwards.
+    directory created. On success the marker is written, modes follow the umask, files are fsynced, and
+    the staging directory replaces the target: one rename for an absent or empty target; for an earlier
+    export (``overwrite``, re-checked now) two, target -> ``old`` in the staging directory, staging ->
+    target. Whatever happens, the staging directory is gone afterwards.
     """
-    with hold(output) as real:
-        clean_leftovers(real)
+    real = _check_rules(output)
+    real.parent.mkdir(parents=True, exist_ok=True)
+    with locked(real, output.key, output.shown(real)), _staged(output, real) as staging:
         _refuse_unreplaceable(output, real)
-        staging = create_staging(real)
-        try:
-            staging.payload.mkdir(mode=0o777)
-            with _reported_in_user_terms(staging, real):
-                yield staging.payload
-            with publishing or contextlib.nullcontext():
-                if proof is None:
-                    write_marker(staging.payload)
-                elif not (staging.payload / proof).is_file():
-                    raise MLMAdaptError(
-                        f"{output.key}: {output.shown(real)}: {proof} was not written, so nothing was "
-                        "published; run the same command again"
-                    )
-                apply_umask(staging.payload)
-                fsync_path(staging.payload)
-                _refuse_unreplaceable(output, real, at_publish=True)
-                replacing = real.is_dir() and any(real.iterdir())
-                if replacing:
-                    os.rename(real, staging.backup)
-                try:
-                    # rename() replaces an absent or empty directory in one step.
-                    os.rename(staging.payload, real)
-                except BaseException:
-                    if replacing:  # the earlier export goes back before the staging directory is removed
-                        os.rename(staging.backup, real)
-                    raise
-                fsync_dir(real.parent)
-                record_published(real, real / (proof or MARKER))
-        finally:
-            staging.remove()
+        staging.payload.mkdir(mode=0o777)
+        yield staging.payload
+        with publishing or contextlib.nullcontext():
+            if proof is None:
+                write_marker(staging.payload)
+            elif not (staging.payload / proof).is_file():
+                raise MLMAdaptError(
+                    f"{output.key}: {output.shown(real)}: {proof} was not written, so nothing was "
+                    "published; run the same command again"
+                )
+            _finish(staging.payload)
+            _refuse_unreplaceable(output, real, at_publish=True)
+            replacing = real.is_dir() and any(real.iterdir())
+            if replacing:
+                os.rename(real, staging.backup)
+            try:
+                os.rename(staging.payload, real)  # replaces an absent or empty directory in one step
+            except BaseException:
+                if replacing:  # the earlier export goes back before the staging directory is removed
+                    os.rename(staging.backup, real)
+                raise
+            _fsync(real.parent)
+            _published.append((real, real / (proof or MARKER)))
 
 
 @contextlib.contextmanager
 def write_file(output: Output) -> Iterator[Path]:
     """Yields a staging path to write ``output``'s file to; it replaces the target when the block succeeds.
 
-    The rules are checked first; leftovers of killed writers of this file are cleaned. The new file gets
-    the mode of the file it replaces (else the umask's), is fsynced and moved over the target by
-    ``os.replace``: readers see the old file or the new one, never a part.
+    The new file gets the mode of the file it replaces (else the umask's), is fsynced and moved over the
+    target by ``os.replace``: readers see the old file or the new one, never a part.
     """
     real = _check_rules(output)
     real.parent.mkdir(parents=True, exist_ok=True)
-    clean_leftovers(real)
-    staging = create_staging(real)
-    try:
-        with _reported_in_user_terms(staging, real):
-            yield staging.payload
+    with _staged(output, real) as staging:
+        yield staging.payload
         mode = None
         if real.is_file() and not (real.is_symlink() and not output.follow_link):
             mode = real.stat().st_mode & 0o7777
-        apply_umask(staging.payload, file_mode=mode)
-        fsync_path(staging.payload)
+        _finish(staging.payload, file_mode=mode)
         os.replace(staging.payload, real)
-        fsync_dir(real.parent)
-    finally:
-        staging.remove()
+        _fsync(real.parent)
 
 
 def write_text(output: Output, text: str) -> Path:

@@ -1,20 +1,311 @@
-"""Loading a masked LM: refuse decoder checkpoints, add new tokens (the head split is in ``heads``)."""
+"""Loading a masked LM: its size against the memory before anything is allocated, decoder checkpoints
+refused, new tokens added (the head split is in ``heads``).
+
+An absurd ``vocab_size``, ``hidden_size`` or ``num_hidden_layers`` would otherwise end in torch's
+``DefaultCPUAllocator: can't allocate memory`` after minutes of swapping, and a ``config.json`` edited away
+from its weights in transformers' ``ignore_mismatched_sizes`` traceback. The model is built on the ``meta``
+device (shapes, no storage) to count its parameters exactly for any family; weight files give their shapes
+without being read (:func:`mlm_adapt.guard.loads.weight_shapes`).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from transformers import AutoModelForMaskedLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.initialization import no_init_weights
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
 
-from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.guard.model_size import check_masked_lm
-from mlm_adapt.guard.pretrained import TRUST_REMOTE_CODE, pretrained_config, pretrained_masked_lm
+from mlm_adapt.errors import MLMAdaptError, exception_line
+from mlm_adapt.guard.loads import (
+    TRUST_REMOTE_CODE,
+    check_config_dir,
+    check_local,
+    check_weight_files,
+    pretrained_config,
+    safe_line,
+    weight_files,
+    weight_shapes,
+)
 from mlm_adapt.text.tokenizer import extend_tokenizer
 
 _CAUSAL_SUFFIXES = ("LMHeadModel", "ForCausalLM")
+
+# Deeper configs are counted from two small builds instead of one full one: a meta build still constructs
+# every module in Python (~1.5 ms a layer), and 10,000 layers would take longer than the refusal is worth.
+EXACT_DEPTH = 256
+# Parameters, gradients and AdamW's two moments, each one value per parameter in the training dtype.
+TRAINING_COPIES = 4
+_SHOWN_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size")
+_GB = 1e9
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """What a config describes.
+
+    Attributes:
+        parameters: Parameter count (tied weights once).
+        bytes_per_value: Size of one value in the dtype the model is built in.
+        model: The meta-device model, when it was built whole (for comparing shapes).
+    """
+
+    parameters: int
+    bytes_per_value: int
+    model: PreTrainedModel | None = None
+
+    def needed(self, training: bool) -> int:
+        """Bytes to hold the parameters, and for ``training`` their gradients and AdamW's two moments."""
+        return self.parameters * self.bytes_per_value * (TRAINING_COPIES if training else 1)
+
+
+def meta_masked_lm(config: PretrainedConfig) -> PreTrainedModel:
+    """The config's masked LM on the ``meta`` device: every parameter's shape, no storage, no init."""
+    config = copy.deepcopy(config)  # from_config writes the resolved dtype and attention back into it
+    with torch.device("meta"), no_init_weights():
+        model = AutoModelForMaskedLM.from_config(config, trust_remote_code=False)
+        model.tie_weights()  # no_init_weights skips init_weights, which ties the output embeddings
+    return model
+
+
+def _count(model: PreTrainedModel) -> int:
+    return sum(p.numel() for p in model.parameters())  # parameters() lists a tied weight once
+
+
+def model_size(config: PretrainedConfig) -> ModelSize:
+    """Counts the parameters ``config`` describes without allocating them.
+
+    Up to :data:`EXACT_DEPTH` layers the whole model is built on the meta device; deeper ones are counted
+    from builds of 2 and 3 layers (the first layer may differ, as in ModernBERT; the others repeat).
+    """
+    dtype = getattr(config, "dtype", None)
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    width = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
+    depth = getattr(config, "num_hidden_layers", None)
+    if not isinstance(depth, int) or depth <= EXACT_DEPTH:
+        model = meta_masked_lm(config)
+        return ModelSize(_count(model), width, model)
+    counts = []
+    for layers in (2, 3):
+        shallow = copy.deepcopy(config)
+        shallow.num_hidden_layers = layers
+        for name, value in vars(config).items():  # per-layer lists (ModernBERT's layer_types) follow
+            if isinstance(value, list) and len(value) == depth:
+                setattr(shallow, name, value[:layers])
+        counts.append(_count(meta_masked_lm(shallow)))
+    return ModelSize(counts[0] + (depth - 2) * (counts[1] - counts[0]), width)
+
+
+def _ram_available() -> int | None:
+    """Linux's ``MemAvailable`` (what can be allocated without swapping), or less under a cgroup v2 memory
+    limit (a container's); ``None`` elsewhere."""
+    known = []
+    with contextlib.suppress(OSError, AttributeError):
+        meminfo = Path("/proc/meminfo").read_text(encoding="ascii")
+        known.append(int(re.search(r"^MemAvailable:\s+(\d+) kB", meminfo, re.MULTILINE).group(1)) * 1024)
+    with contextlib.suppress(OSError, ValueError):  # memory.max "max": no limit
+        cgroup = Path("/sys/fs/cgroup")
+        limit = int((cgroup / "memory.max").read_text(encoding="ascii"))
+        known.append(limit - int((cgroup / "memory.current").read_text(encoding="ascii")))
+    return min(known) if known else None
+
+
+def available_memory(device: torch.device | str = "cpu") -> int | None:
+    """Free bytes on ``device`` (``cpu`` or ``cuda``): CUDA's free memory, else RAM; ``None`` when unknown."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return _ram_available() if device.type == "cpu" else None
+
+
+def _where(device: torch.device) -> str:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"GPU {index} has"
+    return "this machine has"
+
+
+def _gb(n: int) -> str:
+    return f"{n / _GB:.1f}" if n < 10 * _GB else f"{n / _GB:.0f}"
+
+
+def config_source(name: str) -> str:
+    """How a message names the config of ``name``: the local ``config.json`` path or the Hub name's."""
+    path = Path(name).expanduser()
+    return str(path / "config.json") if path.is_dir() else f"{name!r} (its config.json)"
+
+
+def check_fits(
+    config: PretrainedConfig,
+    size: ModelSize,
+    source: str,
+    key: str,
+    training: bool,
+    device: torch.device | str = "cpu",
+    already_held: int = 0,
+) -> None:
+    """Refuses, in one line naming ``source``, a model that cannot fit in ``device``'s free memory.
+
+    Args:
+        config: The config the size was counted from (its sizes are quoted).
+        size: Its :func:`model_size`.
+        source: The config file as the message names it.
+        key: The setting that named the model.
+        training: Count gradients and AdamW's moments too, not only the parameters.
+        device: Where the bytes must fit.
+        already_held: Bytes of the model already in ``device``'s memory (not counted again).
+    """
+    device = torch.device(device)
+    available = available_memory(device)
+    needed = size.needed(training) - already_held
+    if available is None or needed <= available:
+        return
+    shown = ", ".join(f"{name} {getattr(config, name)}" for name in _SHOWN_SIZES if hasattr(config, name))
+    dtype = {2: "16-bit", 4: "float32", 8: "float64"}.get(
+        size.bytes_per_value, f"{size.bytes_per_value}-byte"
+    )
+    what = (
+        f"training them in {dtype} needs ~{_gb(needed)} GB (parameters, gradients and AdamW's two moments)"
+        if training
+        else f"loading them in {dtype} needs ~{_gb(needed)} GB"
+    )
+    raise MLMAdaptError(
+        f"{key}: {source} describes {size.parameters / 1e9:.2f} B parameters ({shown}); {what}, "
+        f"{_where(device)} {_gb(available)} GB available; lower these sizes in the config (or pick a smaller "
+        "model), or train where more memory is free (a larger GPU, or FSDP/DeepSpeed across several)"
+    )
+
+
+def _model_key(name: str, model_keys: set[str], prefix: str) -> str | None:
+    """The model's name for a file's tensor: the same, with the legacy ``gamma``/``beta`` names or without
+    (or with) the base model's prefix, as transformers' loader renames them."""
+    name = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", name))
+    candidates = [name, name[len(prefix) + 1 :] if name.startswith(prefix + ".") else f"{prefix}.{name}"]
+    return next((c for c in candidates if c in model_keys), None)
+
+
+def check_weight_shapes(directory: Path, model: PreTrainedModel, key: str) -> None:
+    """Refuses weight files whose tensors disagree in shape with the model ``config.json`` describes.
+
+    Only tensors present on both sides are compared (a checkpoint may leave out tied or unused heads); the
+    message names both files, the first tensor that disagrees, both shapes and how many had no counterpart.
+
+    Args:
+        directory: A local model directory.
+        model: Its meta-device model (:func:`meta_masked_lm` of its config).
+        key: The setting that named the directory.
+    """
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    names = set(expected)
+    for path in weight_files(directory):
+        shapes = weight_shapes(path, key)
+        matched = {name: _model_key(name, names, prefix) for name in shapes}
+        compared = {target: shapes[name] for name, target in matched.items() if target is not None}
+        for target, model_shape in expected.items():
+            if target in compared and compared[target] != model_shape:
+                unmatched = len(shapes) - len(compared)
+                raise MLMAdaptError(
+                    f"{key}: {path} and {directory / 'config.json'} disagree: tensor {target!r} is "
+                    f"{list(compared[target])} in the weights but {list(model_shape)} by the config "
+                    f"({len(compared)} tensors compared, {unmatched} without a counterpart in the model); "
+                    "restore the config.json saved with these weights, or the weights saved with it"
+                )
+
+
+def check_masked_lm(
+    config: PretrainedConfig, name: str, key: str, pretrained: bool, training: bool
+) -> ModelSize:
+    """Every check before a masked LM is allocated: its weight files against its config, then its size.
+
+    Args:
+        config: The model's config.
+        name: Hub name or local directory it came from.
+        key: The setting that named it.
+        pretrained: Its weights will be loaded (a local directory's files are then compared).
+        training: Its gradients and AdamW's moments must fit in RAM too.
+
+    Returns:
+        Its size.
+    """
+    try:
+        size = model_size(config)
+    except Exception as exc:  # the model's own constructor rejects its config (ValueError, IndexError, ...)
+        if isinstance(exc, ValueError) and "Unrecognized configuration class" in str(exc):
+            raise  # no masked-LM head: the caller names that
+        reason = exception_line(exc)
+        raise MLMAdaptError(
+            f"{key}: {config_source(name)} describes no model transformers can build "
+            f"({type(exc).__name__}: {reason}); fix the config or give a save_pretrained directory"
+        ) from None
+    path = Path(name).expanduser()
+    directory = path if pretrained and path.is_dir() else None
+    if directory is not None and size.model is not None:
+        check_weight_shapes(directory, size.model, key)  # a mismatch explains a size better than the size
+    check_fits(config, size, config_source(name), key, training)
+    if directory is not None and size.model is None:  # deep: built whole only once it is known to fit
+        check_weight_shapes(directory, meta_masked_lm(config), key)
+    return size
+
+
+def check_trainer_fits(
+    model: PreTrainedModel,
+    name: str,
+    key: str,
+    device: torch.device,
+    precision: str,
+    training: bool,
+) -> None:
+    """Refuses, before any data is read, a loaded model that the trainer's device cannot hold.
+
+    Args:
+        model: The loaded model (in RAM).
+        name: Hub name or local directory it came from.
+        key: The setting that named it.
+        device: The trainer's root device; with a sharding strategy, do not call this (each device then
+            holds only a share).
+        precision: The trainer's precision (``16-true``/``bf16-true`` keep 2 bytes a value).
+        training: Count gradients and AdamW's moments too.
+    """
+    params = list(model.parameters())
+    width = params[0].element_size() if params else 4
+    if precision in ("16-true", "bf16-true"):
+        width = 2
+    elif precision == "64-true":
+        width = 8
+    size = ModelSize(_count(model), width)
+    held = size.needed(False) if device.type == "cpu" else 0
+    check_fits(model.config, size, config_source(name), key, training, device, already_held=held)
+
+
+def pretrained_masked_lm(name: str, key: str, training: bool = False, **kwargs: Any) -> PreTrainedModel:
+    """``AutoModelForMaskedLM.from_pretrained`` without code, after checking the weight files and the size.
+
+    A ``ValueError`` other than a refused file is left to the caller (an architecture without an MLM head).
+
+    Args:
+        name: Hub name or local directory.
+        key: The setting that named it (the messages start with it).
+        training: Its gradients and AdamW's moments must fit in RAM too, not only its parameters.
+        **kwargs: For ``from_pretrained`` (``config``: the already loaded config).
+    """
+    check_local(name, key, check_config_dir, check_weight_files)
+    config = kwargs.get("config") or pretrained_config(name, key)
+    check_masked_lm(config, name, key, pretrained=True, training=training)
+    try:
+        return AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=TRUST_REMOTE_CODE, **kwargs)
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, ValueError) and "trust_remote_code" not in str(exc):
+            raise
+        raise MLMAdaptError(f"{key}: cannot load a masked LM from {name!r}: {safe_line(exc)}") from None
 
 
 def load_masked_lm(

@@ -12,7 +12,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.guard.pretrained import pretrained_tokenizer
+from mlm_adapt.guard.loads import pretrained_tokenizer
 
 
 def read_new_tokens(path: str | Path) -> list[str]:

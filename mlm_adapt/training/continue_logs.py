@@ -12,13 +12,14 @@ again. New rows are then appended by the logger as usual.
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
+
+from mlm_adapt.guard.outputs import Output, write_file
 
 METRICS_FILE = "metrics.csv"
 
@@ -81,7 +82,8 @@ def attach_csv_logs(loggers: list[Logger]) -> list[Path]:
 
 
 def drop_rows_after(loggers: list[Logger], step: int) -> list[Path]:
-    """Removes the rows logged after ``step`` from every ``CSVLogger``'s ``metrics.csv`` (atomically).
+    """Removes the rows logged after ``step`` from every ``CSVLogger``'s ``metrics.csv``, atomically
+    (:func:`mlm_adapt.guard.outputs.write_file`).
 
     Args:
         loggers: The trainer's loggers (others than ``CSVLogger`` are left alone: TensorBoard appends).
@@ -96,12 +98,13 @@ def drop_rows_after(loggers: list[Logger], step: int) -> list[Path]:
         kept = [row for row in rows if (_step(row) or 0) <= step]
         if len(kept) == len(rows):
             continue
-        tmp = metrics_csv.with_name(f".{METRICS_FILE}.{os.getpid()}.tmp")
-        with open(tmp, "w", newline="", encoding="utf-8") as handle:
+        with (
+            write_file(Output(metrics_csv, key="trainer.logger", directory=False)) as staged,
+            open(staged, "w", newline="", encoding="utf-8") as handle,
+        ):
             writer = csv.DictWriter(handle, fieldnames=header)
             writer.writeheader()
             writer.writerows(kept)
-        os.replace(tmp, metrics_csv)
         rewritten.append(metrics_csv)
     return rewritten
 

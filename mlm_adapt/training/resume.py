@@ -25,7 +25,6 @@ from mlm_adapt.data.fingerprint import corpus_fingerprint
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.loads import load_weights_only
 from mlm_adapt.guard.outputs import Output, write_file
-from mlm_adapt.guard.staging import fsync_dir  # noqa: F401 -- its earlier home; callers may import it here
 from mlm_adapt.training.continue_logs import drop_rows_after
 from mlm_adapt.training.resume_lookup import CORPUS_KEY, conflict_message, resume_conflicts
 

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from mlm_adapt.cli import main
+from mlm_adapt.guard.locks import STAGING_MARKER
 from mlm_adapt.guard.outputs import write_marker
-from mlm_adapt.guard.staging import STAGING_MARKER
 from mlm_adapt.model import MaskedLMModule
 
 

@@ -20,7 +20,7 @@ from mlm_adapt.cli.commands import main
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.options import check_repo_id
 from mlm_adapt.export.preflight import check_monitor, check_trains, logged_metrics
-from mlm_adapt.guard import model_size
+from mlm_adapt.model import loading as model_size
 
 
 def run_main(args: list[str], capsys) -> tuple[int, list[str]]:

@@ -20,8 +20,8 @@ import pytest
 from _output_workspace import Workspace, assert_one_line, leftovers, run, tree_hashes, world, ws
 
 from mlm_adapt.export import writer
+from mlm_adapt.guard.locks import STAGING_MARKER, create_staging
 from mlm_adapt.guard.outputs import MARKER, Output, is_complete_export, write_directory
-from mlm_adapt.guard.staging import STAGING_MARKER, create_staging
 
 __all__ = ["world", "ws"]
 

@@ -14,7 +14,7 @@ import pytest
 
 from mlm_adapt.cli.commands import main
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.guard.yaml_limits import MAX_EXPANDED_NODES, check_yaml_expansion
+from mlm_adapt.guard.loads import MAX_EXPANDED_NODES, check_yaml_expansion
 
 BOMB = "\n".join(
     [

@@ -1,4 +1,4 @@
-"""Symlinks at, above and beside outputs: the policy of :mod:`mlm_adapt.guard.paths` end to end.
+"""Symlinks at, above and beside outputs: the policy of :mod:`mlm_adapt.guard.outputs` end to end.
 
 An output path is resolved and its real target checked, locked and replaced (the link keeps pointing at the
 new output); a link leading nowhere is refused before any work, naming the user's path; links beside an

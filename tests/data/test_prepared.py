@@ -373,7 +373,7 @@ def test_prepare_killed_between_shards_leaves_nothing_loadable_and_a_rerun_compl
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = run_command([], env=env, code=script)
     assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
-    (staging,) = tmp_path.glob(".prepared.staging-*")  # marked as this prepare's (guard.staging)
+    (staging,) = tmp_path.glob(".prepared.staging-*")  # marked as this prepare's (guard.locks)
     assert not target.exists()
     assert [p.name[:11] for p in sorted(staging.glob("new/train-*.arrow"))] == ["train-00000", "train-00001"]
     with pytest.raises(MLMAdaptError, match="does not exist; run `python -m mlm_adapt prepare"):

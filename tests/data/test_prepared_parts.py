@@ -12,7 +12,7 @@ from mlm_adapt.data.prepared import parse_shard, part_name, prepare_corpus
 from mlm_adapt.data.preprocess import BATCH, share
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.guard.staging import create_staging
+from mlm_adapt.guard.locks import create_staging
 
 # More documents than three map batches, so that shares of 2 and 3 tasks cut inside the corpus.
 DOCUMENTS = 3 * BATCH + 417

@@ -14,16 +14,16 @@ import torch
 from families import family_dir
 from transformers import AutoConfig, AutoModelForMaskedLM, BertConfig, BertForMaskedLM
 
-import mlm_adapt.guard.model_size as model_size_module
+import mlm_adapt.model.loading as model_size_module
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.guard.model_size import (
+from mlm_adapt.model.loading import (
     check_fits,
     check_trainer_fits,
+    load_masked_lm,
     meta_masked_lm,
     model_size,
+    pretrained_masked_lm,
 )
-from mlm_adapt.guard.pretrained import pretrained_masked_lm
-from mlm_adapt.model.loading import load_masked_lm
 
 KEY = "model.model_name_or_path"
 # Each needs terabytes: refused on any machine, whether the whole training state or only the load counts.

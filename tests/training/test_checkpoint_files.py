@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.guard.staging import create_staging
+from mlm_adapt.guard.locks import create_staging
 from mlm_adapt.training.resume import AtomicCheckpointIO
 
 
