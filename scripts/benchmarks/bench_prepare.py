@@ -13,8 +13,9 @@ tokenizers trained offline on the reviews, as the tests build them), one run mea
   (``data.preprocessing_num_workers``): the sum of its own phase lines (loading to the last shard written)
   and the process's wall time (imports included).
 
-Each figure is the best of ``--repeats`` runs (as ``timeit`` reports): on a shared 2-core machine a single
-run of the same command varies by 20%, and the best run is the one least disturbed by other work.
+Each figure is the best of ``--repeats`` rounds (as ``timeit`` reports), and every round runs every measure
+once, side by side: on a shared 2-core VM a single run of the same command varies by 20% and the machine's
+speed drifts over minutes, so the best run is the one least disturbed and no ratio compares two moments.
 
 Then the fractions the goal is stated in: the command's Mchar/s per process over the map function's, the
 N-process speed-up over one process, and (for families whose tokenizer is slower than the segmenter) the
@@ -149,19 +150,23 @@ def main() -> None:
     print(f"# {machine()}; best of {args.repeats} runs per figure; load before: {os.getloadavg()[0]:.1f}")
     print(f"# corpus: {corpus.stat().st_size / 1e6:.0f} MB, {len(texts)} documents, {mchar:.1f} Mchar\n")
     rows, ratios = [], []
-    rjieba_rate = mchar / min(time_rjieba(texts) for _ in range(args.repeats))
+    rjieba_times, rows, ratios = [], [], []
     for kind in args.families:
         model = build_family(kind, args.workdir)
-        tokenizer_rate = mchar / min(time_tokenizer(texts, model) for _ in range(args.repeats))
-        map_rate = mchar / min(time_map_function(texts, model) for _ in range(args.repeats))
-        runs = {}
-        for processes in (1, args.processes):
-            target = args.workdir / f"prepared_{kind}_{processes}p"
-            tries = []
-            for _ in range(args.repeats):
-                tries.append(time_prepare(corpus, model, target, processes))
+        tokenizer_times, map_times, tries = [], [], {1: [], args.processes: []}
+        # Rounds interleave every measure, so a machine whose speed drifts during the run (a shared VM)
+        # biases none of the ratios; each figure is then the best of its rounds.
+        for _ in range(args.repeats):
+            rjieba_times.append(time_rjieba(texts))
+            tokenizer_times.append(time_tokenizer(texts, model))
+            map_times.append(time_map_function(texts, model))
+            for processes in tries:
+                target = args.workdir / f"prepared_{kind}_{processes}p"
+                tries[processes].append(time_prepare(corpus, model, target, processes))
                 subprocess.run(["rm", "-rf", str(target)], check=True)
-            runs[processes] = min(tries, key=lambda run: run[0])
+        rjieba_rate = mchar / min(rjieba_times)
+        tokenizer_rate, map_rate = mchar / min(tokenizer_times), mchar / min(map_times)
+        runs = {processes: min(runs, key=lambda run: run[0]) for processes, runs in tries.items()}
         one, many = runs[1][0], runs[args.processes][0]
         bound = 1 / (1 / tokenizer_rate + 1 / rjieba_rate)
         rows.append([
