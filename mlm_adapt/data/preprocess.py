@@ -236,9 +236,11 @@ class _Job:
 
 
 def _worker(job: _Job, rows: range, path: Path, pipe: Connection) -> None:
-    # The parent decides how a stop ends (one line, its status): a worker stopped with it just goes.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Stops are the parent's: a Ctrl-C or scancel reaching the whole process group must end in the parent's
+    # one line and status, not in a worker dying first and being reported as a failure. The parent kills
+    # its workers on the way out, and the kernel kills them if it dies (PR_SET_PDEATHSIG, guard.locks).
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signum, signal.SIG_IGN)
     try:
         job.run(rows, path, pipe.send)
         pipe.send(None)

@@ -56,10 +56,17 @@ def big_corpus(tmp_path_factory) -> Path:
     return corpus
 
 
-def _stop_while_segmenting(command: list[str], signum: int) -> tuple[int, str]:
-    """Starts ``command``, sends ``signum`` once both map workers run; (status, output), workers gone."""
+def _stop_while_segmenting(command: list[str], signum: int, group: bool = False) -> tuple[int, str]:
+    """Starts ``command``, sends ``signum`` once both map workers run (to the whole process group with
+    ``group``, as a terminal's Ctrl-C and Slurm's scancel do); (status, output), workers gone."""
     proc = subprocess.Popen(
-        command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=group,
     )
     output, workers = [], []
     deadline = time.monotonic() + 120
@@ -74,7 +81,10 @@ def _stop_while_segmenting(command: list[str], signum: int) -> tuple[int, str]:
     assert len(workers) >= 2, "the two map workers never started"
     time.sleep(0.5)
     workers = sorted(set(workers) | set(child_pids(proc.pid)))  # the pool's workers and any helper
-    proc.send_signal(signum)
+    if group:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
     output += proc.stdout.read().splitlines(keepends=True)
     status = proc.wait()
     gone = time.monotonic() + 10
@@ -85,23 +95,26 @@ def _stop_while_segmenting(command: list[str], signum: int) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize(
-    ("signum", "status"),
+    ("signum", "status", "group"),
     [
-        (signal.SIGKILL, -signal.SIGKILL),
-        # The table below stops the same phase in a forked command; these two repeat it with a real
-        # interpreter and real segmentation (30 s each on 2 cores).
-        pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow),
-        pytest.param(signal.SIGTERM, 143, marks=pytest.mark.slow),
+        (signal.SIGKILL, -signal.SIGKILL, False),
+        # The table below stops the same phase in a forked command; these repeat it with a real
+        # interpreter and real segmentation (30 s each on 2 cores), the signal to the command alone and to
+        # its whole process group (the workers get it too: the stop must still be the command's own line).
+        pytest.param(signal.SIGINT, 130, False, marks=pytest.mark.slow),
+        pytest.param(signal.SIGTERM, 143, False, marks=pytest.mark.slow),
+        pytest.param(signal.SIGINT, 130, True, marks=pytest.mark.slow),
+        pytest.param(signal.SIGTERM, 143, True, marks=pytest.mark.slow),
     ],
-    ids=["SIGKILL", "SIGINT", "SIGTERM"],
+    ids=["SIGKILL", "SIGINT", "SIGTERM", "SIGINT-group", "SIGTERM-group"],
 )
 def test_stopped_while_workers_segment_leaves_nothing_and_the_rerun_succeeds(
-    tiny_model_dir, big_corpus, tmp_path, signum, status
+    tiny_model_dir, big_corpus, tmp_path, signum, status, group
 ):
     target = tmp_path / "prepared"
     command = _prepare_command(tiny_model_dir, big_corpus, target, tmp_path / "cache")
     before = big_corpus.stat()
-    got, output = _stop_while_segmenting(command, signum)
+    got, output = _stop_while_segmenting(command, signum, group)
     assert got == status, output[-3000:]
     if signum != signal.SIGKILL:
         errors = [line for line in output.splitlines() if line.startswith("mlm_adapt: error:")]
