@@ -118,13 +118,14 @@ def schema_dtypes(schema: pa.Schema) -> dict[str, str]:
 
 
 def _write_shard(blocks: datasets.Dataset, path: Path, schema: pa.Schema) -> int:
-    """Writes ``blocks`` as one Arrow stream file (what ``Dataset.from_file`` maps); returns its bytes."""
+    """Writes ``blocks`` as one Arrow stream file (what ``Dataset.from_file`` maps); returns its bytes.
+
+    Not fsynced here: ``write_directory`` flushes every file of the staging directory before publishing it.
+    """
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
         for chunk in blocks.with_format("arrow").iter(batch_size=WRITE_BATCH):
             # A safe cast: an id that does not fit the narrow type raises instead of wrapping around.
             writer.write_table(chunk.select(schema.names).cast(schema))
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
     return path.stat().st_size
 
 

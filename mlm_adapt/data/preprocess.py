@@ -128,7 +128,9 @@ def to_blocks(
     if isinstance(documents, datasets.IterableDataset):
         return documents.map(_blocks_lists, fn_kwargs=fn_kwargs, batched=True, remove_columns=["text"])
     desc = "Segmenting, tokenizing and packing" if packing else "Segmenting, tokenizing and splitting"
-    settings = settings_fingerprint(fn_kwargs, features)  # once: a large vocabulary takes a moment
+    splits = documents.values() if isinstance(documents, datasets.DatasetDict) else [documents]
+    # Once, and only when a split can be cached: a large vocabulary's definition takes a moment to hash.
+    settings = settings_fingerprint(fn_kwargs, features) if any(map(_cache_dir, splits)) else None
     if isinstance(documents, datasets.DatasetDict):
         return datasets.DatasetDict(
             {

