@@ -3,33 +3,26 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import datasets
 import lightning as L
-import pyarrow.compute as pc
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
-from mlm_adapt.data.arguments import check_arguments, check_budget
 from mlm_adapt.data.loader_state import WorkerCountFreeLoader
-from mlm_adapt.data.prepared import arrow_sum, describe_stats, load_prepared, prepared_stats
+from mlm_adapt.data.prepared import corpus_stats, describe_stats, load_prepared, split_counts
 from mlm_adapt.data.preprocess import BLOCK_FEATURES, drop_empty, to_blocks
 from mlm_adapt.data.replay import Replay, parse_mix_rate
 from mlm_adapt.data.samplers import KeyedDataset, train_sampler
 from mlm_adapt.data.streaming import StreamingCorpus, load_hub_stream, load_stream
-from mlm_adapt.data.validation_sets import (
-    ValidationFiles,
-    ValidationSets,
-    check_forgetting_warning,
-    held_out_error,
-    warn_overlap,
-)
+from mlm_adapt.data.validation_sets import ValidationFiles, ValidationSets, held_out_error, warn_overlap
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.locks import locked
 from mlm_adapt.masking import MaskingScheme, WholeWordMaskCollator
@@ -51,41 +44,89 @@ from mlm_adapt.text.tokenizer import load_tokenizer
 PREPROCESS_LOCK = "preprocessing"
 
 
-def check_masking(hparams: Any) -> MaskingSchedule:
-    """Validates ``MLMDataModule``'s masking (and document attention) settings; returns the schedule."""
-    schedule = parse_schedule(hparams["mlm_probability"])
-    eval_rate = hparams.get("eval_mlm_probability", 0.15)
+def check_arguments(hp: Any) -> tuple[MaskingSchedule, MaskingSchedule, ValidationSets]:
+    """Refuses, in one line naming the key, what torch or datasets would reject only after preprocessing
+    (or never), before any data is read; returns the masking and mix-rate schedules and the sets."""
+    schedule = parse_schedule(hp.mlm_probability)
+    eval_rate = hp.eval_mlm_probability
     if isinstance(eval_rate, bool) or not isinstance(eval_rate, int | float) or not 0.0 < eval_rate < 1.0:
         raise MLMAdaptError(f"data.eval_mlm_probability={eval_rate!r} must be a rate in (0, 1), e.g. 0.15")
-    check_probabilities(schedule.initial_rate, hparams["mask_replace_prob"], hparams["random_replace_prob"])
-    if hparams.get("document_attention") and hparams.get("streaming"):
+    check_probabilities(schedule.initial_rate, hp.mask_replace_prob, hp.random_replace_prob)
+    if hp.document_attention and hp.streaming:
         raise MLMAdaptError(
             "data.document_attention is not available with data.streaming; set one of them to false"
         )
-    if not schedule.constant and hparams.get("streaming"):
+    if not schedule.constant and hp.streaming:
         # A stream has no loader positions to derive steps from (workers split files, not batches).
         raise MLMAdaptError(
             "data.mlm_probability: a masking-rate schedule needs a map-style corpus; "
             "set data.streaming: false or use one rate"
         )
-    return schedule
-
-
-def make_collator(
-    tokenizer: PreTrainedTokenizerBase, hparams: Any, masking: MaskingScheme, rate: float
-) -> WholeWordMaskCollator:
-    """A collator with the DataModule's replacement probabilities, padding and seed."""
-    return WholeWordMaskCollator(
-        tokenizer,
-        mlm_probability=rate,
-        mask_replace_prob=hparams["mask_replace_prob"],
-        random_replace_prob=hparams["random_replace_prob"],
-        pad_to_multiple_of=hparams["pad_to_multiple_of"],
-        seed=hparams["seed"],
-        masking=masking,
-        # Unpacked blocks hold one document each: nothing to separate.
-        document_attention=bool(hparams.get("document_attention")) and hparams["packing"],
-    )
+    mix = parse_mix_rate(hp.mix_probability)
+    if not hp.train_files and not hp.dataset_name and not hp.prepared_dir:
+        raise MLMAdaptError("data.train_files is empty; give text files or globs (or data.dataset_name)")
+    if not 0.0 <= hp.validation_split < 1.0:
+        raise MLMAdaptError(f"data.validation_split={hp.validation_split} must be in [0, 1), e.g. 0.05")
+    if hp.max_seq_length < 8:
+        raise MLMAdaptError(
+            # In a fit config the value comes from model.max_seq_length (linked here): name that key.
+            f"model.max_seq_length={hp.max_seq_length} is too short (data.max_seq_length when the "
+            "datamodule is used alone); use at least 8 (e.g. 512)"
+        )
+    sizes = {
+        "batch_size": 1,
+        "eval_batch_size": 1,
+        "num_workers": 0,
+        "preprocessing_num_workers": 1,
+        "pad_to_multiple_of": 1,
+        "shuffle_buffer_size": 0,  # 0 and 1: no shuffle buffer
+    }
+    for key, least in sizes.items():
+        if hp[key] is not None and hp[key] < least:
+            raise MLMAdaptError(f"data.{key}={hp[key]} must be at least {least}")
+    if max(rate for _, rate in mix.points) > 0 and not hp.mix_files:
+        raise MLMAdaptError("data.mix_probability > 0 needs data.mix_files (general-domain text files)")
+    if hp.prepared_dir and hp.streaming:
+        raise MLMAdaptError("data.prepared_dir: prepared blocks are not streamed; set data.streaming false")
+    if hp.mix_files and hp.streaming:
+        raise MLMAdaptError(
+            "data.mix_files: replay is not available with data.streaming; mix the files beforehand"
+        )
+    if hp.forgetting_warning is not None and hp.forgetting_warning <= 0:
+        raise MLMAdaptError(
+            f"data.forgetting_warning={hp.forgetting_warning} must be > 0, e.g. 0.2 (+20% perplexity)"
+        )
+    sets = ValidationSets(hp.validation_files)
+    # A forgetting budget the run could not hold: no general text, no general set.
+    budget = hp.forgetting_budget
+    if not 0.0 < hp.max_mix_rate < 1.0:
+        raise MLMAdaptError(f"data.max_mix_rate={hp.max_mix_rate} must be in (0, 1), e.g. 0.5")
+    for key in ("forgetting_check_interval", "forgetting_check_batches"):
+        if hp[key] is not None and hp[key] < 1:
+            raise MLMAdaptError(f"data.{key}={hp[key]} must be at least 1")
+    if budget is None:
+        return schedule, mix, sets
+    if not budget > 0 or math.isinf(budget):
+        raise MLMAdaptError(f"data.forgetting_budget={budget} must be > 0, e.g. 0.2 (+20% perplexity)")
+    if not hp.mix_files:
+        raise MLMAdaptError(
+            "data.forgetting_budget needs general text to replay: set data.mix_files (general-domain files)"
+        )
+    if len(sets.names) < 2:
+        raise MLMAdaptError(
+            "data.forgetting_budget needs a general validation set to measure forgetting on: give "
+            "data.validation_files as a mapping, e.g. {domain: null, general: [general_val.txt]}"
+        )
+    if not mix.constant:
+        raise MLMAdaptError(
+            "data.mix_probability: with data.forgetting_budget it is the starting rate, one number (e.g. 0.1)"
+        )
+    if mix.initial_rate > hp.max_mix_rate:
+        raise MLMAdaptError(
+            f"data.mix_probability={mix.initial_rate} exceeds data.max_mix_rate={hp.max_mix_rate}; "
+            "lower the one or raise the other"
+        )
+    return schedule, mix, sets
 
 
 class MLMDataModule(L.LightningDataModule):
@@ -94,10 +135,9 @@ class MLMDataModule(L.LightningDataModule):
     Args:
         train_files: Training files or globs: ``.txt`` (one document per line), ``.jsonl``/``.json``,
             ``.csv`` or ``.parquet`` (text in ``text_column``).
-        validation_files: Validation files or globs; when absent, ``validation_split`` of the training
-            documents is held out. A mapping ``{name: files}`` gives several sets: the first logs ``val/*``
-            (checkpoint monitors), the others ``val_<name>/*``; ``null`` files mean the held-out split
-            (e.g. ``{domain: null, general: [general.txt]}``).
+        validation_files: Validation files or globs (default: ``validation_split`` of the training documents).
+            A mapping ``{name: files}`` gives several sets: the first logs ``val/*`` (checkpoint monitors),
+            the others ``val_<name>/*``; ``null`` files mean the held-out split.
         validation_split: Seeded fraction of training documents held out for validation when no
             ``validation_files`` are given (and the Hub dataset has no ``validation`` split).
         test_files: Files for ``test``; the validation data is used when absent.
@@ -105,40 +145,36 @@ class MLMDataModule(L.LightningDataModule):
         dataset_config: Its configuration name.
         text_column: Column holding the text in json/csv/parquet files and datasets.
         tokenizer_name_or_path: Tokenizer to use; linked from ``model.model_name_or_path`` by the CLI.
-        max_seq_length: Block length in tokens, ``[CLS]``/``[SEP]`` included; linked from the model by
-            the CLI.
+        max_seq_length: Block length in tokens, ``[CLS]``/``[SEP]`` included; linked from the model.
         packing: Concatenate documents into full ``max_seq_length`` blocks (no padding waste). With
             ``false``, each line is its own example; a line longer than a block continues in the next one.
         document_attention: With ``packing``, every document in a block gets its own ``[CLS]``/``[SEP]``,
-            restarting positions, and attends only to itself (as if run alone); the model must support it
-            (BERT, RoBERTa/XLM-R, ELECTRA, ALBERT, ModernBERT) or setup refuses. See docs/recipe.md.
+            restarting positions, and attends only to itself; the model must support it (BERT,
+            RoBERTa/XLM-R, ELECTRA, ALBERT, ModernBERT) or setup refuses. See docs/recipe.md.
         segmenter: ``rjieba`` (fast) or ``jieba`` (same words), ``thulac``, ``snownlp``, ``pkuseg``, or a
             class_path/init_args of any class whose ``segment(texts)`` words join back (docs/segmenters.md).
         hmm: Let jieba's HMM join unknown characters into words (off: both backends agree exactly).
         user_dict: A jieba user dictionary (``word [freq] [tag]`` per line) for domain terms.
         opencc: Traditional Chinese: segment a ``t2s``/``tw2s``/``hk2s``-converted copy, keep the original.
-        mlm_probability: Expected fraction of maskable tokens to predict in training: a rate, or a schedule
-            of ``[fraction_of_training, rate]`` points, linear in between over the optimizer steps (e.g.
-            ``[[0.0, 0.3], [1.0, 0.15]]``; recipes in docs/recipe.md). Logged as ``train/mask_rate``.
+        mlm_probability: Expected fraction of maskable tokens to predict in training: a rate, or
+            ``[fraction_of_training, rate]`` points, linear in between over the optimizer steps (e.g.
+            ``[[0.0, 0.3], [1.0, 0.15]]``; docs/recipe.md). Logged as ``train/mask_rate``.
         eval_mlm_probability: The fixed rate of validation and test masks (comparable across the run).
         mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
         random_replace_prob: Fraction of selected words replaced by random tokens (the rest stay unchanged).
         masking: Training masking unit: ``whole_word`` (jieba words), ``ngram`` (MacBERT-style spans of 1-4
-            words at 40/30/20/10%) or ``token`` (every token alone: character masking, an ablation).
-            Validation and test always use whole-word masks, so metrics compare across schemes.
-        mix_files: General-domain text replayed during training to limit forgetting: its own blocks, of
-            which every training example is drawn instead of a domain one with the mix rate.
+            words at 40/30/20/10%) or ``token`` (character masking, an ablation). Validation and test
+            always use whole-word masks, so metrics compare across schemes.
+        mix_files: General-domain text replayed during training to limit forgetting (blocks of its own).
         mix_probability: The mix rate: the fraction of training examples drawn from ``mix_files`` (0: none),
-            or ``[fraction_of_training, rate]`` points over the optimizer steps; with ``forgetting_budget``
-            the rate it starts from. Logged as ``train/mix_rate``; see docs/training.md.
+            or ``[fraction_of_training, rate]`` points; with ``forgetting_budget`` the starting rate.
+            Logged as ``train/mix_rate``; see docs/training.md.
         forgetting_budget: Hold forgetting to this relative rise of the general validation set's
-            perplexity over step 0 (``0.2``: +20%): the mix rate goes up while the rise is above 3/4 of
-            it and down while below. Needs ``mix_files`` and a general validation set (the second one of
-            ``validation_files`` as a mapping, e.g. ``{domain: null, general: [general_val.txt]}``).
+            perplexity over step 0 (``0.2``: +20%) by moving the mix rate. Needs ``mix_files`` and a
+            general validation set (the second of ``validation_files`` as a mapping).
         max_mix_rate: The highest mix rate the forgetting budget may set.
         forgetting_check_interval: Optimizer steps between forgetting checks (default: a twentieth of the
-            run). A check is a perplexity over the first ``forgetting_check_batches`` batches of the
-            general validation set (fixed masks), cheaper and more frequent than a validation.
+            run); a check is a perplexity over ``forgetting_check_batches`` batches of the general set.
         forgetting_check_batches: Batches (of ``eval_batch_size``) per forgetting check.
         new_tokens_file: Tokens added to the tokenizer (one per line); linked from ``model.new_tokens_file``.
         pad_to_multiple_of: Pad batches to a multiple of this length.
@@ -147,20 +183,18 @@ class MLMDataModule(L.LightningDataModule):
         batch_size: Training examples per batch and device.
         eval_batch_size: Validation/test batch size (default: ``batch_size``).
         num_workers: DataLoader worker processes.
-        preprocessing_num_workers: Worker processes for segmenting, tokenizing and packing (forked; the blocks
-            do not depend on their number).
+        preprocessing_num_workers: Forked processes segmenting, tokenizing and packing (same blocks for any).
         seed: Seed for the validation split, shuffling and masking.
         cache_dir: Where ``datasets`` caches loaded and preprocessed data (default: its own cache).
         streaming: Stream the training corpus (larger than memory or disk cache): nothing is cached,
-            each rank reads a disjoint part, and ``trainer.max_steps`` sets the length. Validation and test
-            data stay in memory (``validation_files`` or held-out documents of the stream).
+            each rank reads a disjoint part, and ``trainer.max_steps`` sets the length.
         shuffle_buffer_size: Streaming only: documents in the shuffle buffer (file order is shuffled too).
         streaming_validation_documents: Streaming without ``validation_files``: how many held-out
             documents (a ``validation_split`` fraction, chosen by a hash of the text) form the validation set.
-        forgetting_warning: Warn (once per set) when a validation set other than the first ends a
-            validation with a perplexity more than this fraction above its step-0 value (e.g. ``0.2``).
-        prepared_dir: Written by ``python -m mlm_adapt prepare``; other commands memory-map its blocks and
-            never read, segment or tokenize raw files. Settings differing from its manifest are refused.
+        forgetting_warning: Warn (once per set) when a validation set but the first ends a validation with
+            a perplexity more than this fraction above its step-0 value (e.g. ``0.2``).
+        prepared_dir: Written by ``python -m mlm_adapt prepare``: its blocks are memory-mapped, no raw file
+            is read. Settings differing from its manifest are refused.
     """
 
     def __init__(
@@ -208,12 +242,7 @@ class MLMDataModule(L.LightningDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        self.masking_schedule = check_masking(self.hparams)
-        self.mix_schedule = parse_mix_rate(mix_probability)
-        check_arguments(self.hparams, self.mix_schedule)
-        check_forgetting_warning(forgetting_warning)
-        self.validation_sets = ValidationSets(validation_files)
-        check_budget(self.hparams, self.mix_schedule, self.validation_sets.names)
+        self.masking_schedule, self.mix_schedule, self.validation_sets = check_arguments(self.hparams)
         # Names of the validation sets, the primary one (logged as ``val/*``) first.
         self.validation_set_names = self.validation_sets.names
         self.segmenter = Segmentation(segmenter, hmm, user_dict, opencc, built_from=self.hparams.segmenter)
@@ -242,7 +271,7 @@ class MLMDataModule(L.LightningDataModule):
     @cached_property
     def collator(self) -> WholeWordMaskCollator:
         """Validation and test masks: whole words at ``eval_mlm_probability``, fixed whatever the training."""
-        return make_collator(self.tokenizer, self.hparams, "whole_word", self.hparams.eval_mlm_probability)
+        return self._collator("whole_word", self.hparams.eval_mlm_probability)
 
     @cached_property
     def train_collator(self) -> WholeWordMaskCollator:
@@ -251,7 +280,21 @@ class MLMDataModule(L.LightningDataModule):
         rate, masking = self.masking_schedule.initial_rate, self.hparams.masking
         if masking == "whole_word" and rate == self.collator.mlm_probability:
             return self.collator
-        return make_collator(self.tokenizer, self.hparams, masking, rate)
+        return self._collator(masking, rate)
+
+    def _collator(self, masking: MaskingScheme, rate: float) -> WholeWordMaskCollator:
+        hp = self.hparams
+        return WholeWordMaskCollator(
+            self.tokenizer,
+            mlm_probability=rate,
+            mask_replace_prob=hp.mask_replace_prob,
+            random_replace_prob=hp.random_replace_prob,
+            pad_to_multiple_of=hp.pad_to_multiple_of,
+            seed=hp.seed,
+            masking=masking,
+            # Unpacked blocks hold one document each: nothing to separate.
+            document_attention=bool(hp.document_attention) and hp.packing,
+        )
 
     def _read_files(
         self, key: str, files: list[str] | None = None, cache_dir: str | None = None
@@ -276,12 +319,16 @@ class MLMDataModule(L.LightningDataModule):
 
     def train_documents(self, cache_dir: str | None = None) -> datasets.Dataset:
         """The training corpus (files or Hub dataset) with empty lines dropped, before any split."""
-        hp = self.hparams
-        if hp.dataset_name:
-            cache = cache_dir or hp.cache_dir
-            train = load_hub(hp.dataset_name, hp.dataset_config, "train", hp.text_column, cache)
-            return drop_empty(train, "train")
+        if self.hparams.dataset_name:
+            return self._read_hub("train", cache_dir)
         return self._read_files("train_files", cache_dir=cache_dir)
+
+    def _read_hub(self, split: str, cache_dir: str | None) -> datasets.Dataset:
+        hp = self.hparams
+        documents = load_hub(
+            hp.dataset_name, hp.dataset_config, split, hp.text_column, cache_dir or hp.cache_dir
+        )
+        return drop_empty(documents, split)
 
     def documents(self, cache_dir: str | None = None) -> datasets.DatasetDict:
         """The first step of every map-style path (``fit``, ``prepare``): the corpus' documents by split.
@@ -298,14 +345,7 @@ class MLMDataModule(L.LightningDataModule):
         files, held_out = self._read_eval_files(cache_dir)
         if hp.dataset_name and held_out:
             with contextlib.suppress(MLMAdaptError):  # no validation split: hold one out below
-                validation = load_hub(
-                    hp.dataset_name,
-                    hp.dataset_config,
-                    "validation",
-                    hp.text_column,
-                    cache_dir or hp.cache_dir,
-                )
-                splits[held_out], held_out = drop_empty(validation, "validation"), None
+                splits[held_out], held_out = self._read_hub("validation", cache_dir), None
         splits.update(files)
         if hp.mix_files:  # general text for replay: blocks of its own, drawn at sampling time
             splits["mix"] = self._read_files("mix_files", cache_dir=cache_dir)
@@ -370,23 +410,9 @@ class MLMDataModule(L.LightningDataModule):
         warn_overlap(raw, self.validation_sets, self.hparams.train_files, self.hparams.mix_files)
         blocks = self.blocks(raw)
         self.train_dataset = blocks["train"]
-        other_sets = self._set_eval_datasets(blocks)
-        general = (
-            {"general_documents": len(raw["mix"]), "general_examples": len(blocks["mix"])}
-            if "mix" in blocks
-            else {}
-        )
-        self.corpus_stats = {
-            "train_documents": len(raw["train"]),
-            "validation_documents": len(raw["validation"]),
-            # Arrow compute over the memory-mapped columns: no Python copy of the corpus (flat memory).
-            "train_characters": arrow_sum(pc.utf8_length, raw["train"], "text"),
-            "train_examples": len(self.train_dataset),
-            "validation_examples": len(self.val_dataset),
-            **other_sets,
-            **general,
-            "train_tokens": arrow_sum(pc.list_value_length, self.train_dataset, "input_ids"),
-        }
+        self._set_eval_datasets(blocks)
+        counts = {split: split_counts(raw[split], blocks[split]) for split in blocks}
+        self.corpus_stats = corpus_stats(counts, self.validation_sets.splits)
         rank_zero_info(
             f"mlm_adapt data: {describe_stats(self.corpus_stats)}"
             + f" (max_seq_length {self.hparams.max_seq_length}, packing {self.hparams.packing})"
@@ -394,10 +420,10 @@ class MLMDataModule(L.LightningDataModule):
 
     def _setup_prepared(self) -> None:
         """``setup`` from ``prepared_dir``: memory-maps the shards after checking the manifest's settings."""
-        blocks, manifest = load_prepared(self.hparams, self.tokenizer, self.validation_set_names)
+        blocks, manifest = load_prepared(self.hparams, self.tokenizer, self.validation_sets)
         self.train_dataset = blocks["train"]
         self._set_eval_datasets(blocks)
-        self.corpus_stats = prepared_stats(manifest)
+        self.corpus_stats = corpus_stats(manifest["splits"], manifest["validation_sets"])
         rank_zero_info(f"mlm_adapt data: {self.hparams.prepared_dir}: {describe_stats(self.corpus_stats)}")
 
     def _setup_streaming(self) -> None:
@@ -414,18 +440,18 @@ class MLMDataModule(L.LightningDataModule):
         if held_out:
             splits[held_out] = self.train_stream.validation_documents(hp.streaming_validation_documents)
         blocks = self.blocks(datasets.DatasetDict(splits))
-        other_sets = self._set_eval_datasets(blocks)
+        self._set_eval_datasets(blocks)
         self.corpus_stats = {
             "validation_documents": len(splits["validation"]),
             "validation_examples": len(self.val_dataset),
-            **other_sets,
+            **{f"validation_{name}_examples": len(d) for name, d in list(self.val_datasets.items())[1:]},
         }
         rank_zero_info(
             f"mlm_adapt data: streaming training data; {len(self.val_dataset):,} validation blocks"
         )
 
-    def _set_eval_datasets(self, blocks: datasets.DatasetDict) -> dict[str, int]:
-        """Sets the validation and test datasets; returns the examples of the non-primary sets."""
+    def _set_eval_datasets(self, blocks: datasets.DatasetDict) -> None:
+        """Sets the validation and test datasets, and the replay of the general blocks."""
         self.val_datasets = {name: blocks[split] for name, split in self.validation_sets.splits.items()}
         self.val_dataset = next(iter(self.val_datasets.values()))
         self.test_dataset = blocks.get("test", self.val_dataset)
@@ -436,7 +462,6 @@ class MLMDataModule(L.LightningDataModule):
             )
             if self._replay_state is not None:
                 self.replay.load_state_dict(self._replay_state)
-        return {f"validation_{name}_examples": len(d) for name, d in list(self.val_datasets.items())[1:]}
 
     def _world(self) -> tuple[int, int]:
         trainer = self.trainer

@@ -1,4 +1,5 @@
-"""A stateful train loader whose saved position survives a change of ``data.num_workers``.
+"""What a resume needs of the data: a train loader position that survives a change of ``data.num_workers``,
+and a fingerprint of the training data that tells whether that position still means the same batches.
 
 torchdata's ``StatefulDataLoader`` stores its position in one of two layouts: single-process (``num_workers
 0``: the sampler state and the number of batches yielded) and multi-process (a ``_snapshot`` with one
@@ -7,17 +8,27 @@ entry per worker). Loading one layout into a loader with the other fails ("State
 in the main process, and the workers of a map-style dataset hold no state. :func:`convert_loader_state`
 rewrites the saved layout for the current worker count; states with worker-held data (a streamed corpus:
 each worker reads its own share of the stream) cannot move between counts and are refused with one line.
+
+Hashing the whole corpus would cost seconds per gigabyte at every start, so :func:`corpus_fingerprint` hashes
+the number of training blocks and :data:`SAMPLES` evenly spaced blocks: a different corpus, split, tokenizer
+or block length changes it, while moving or touching the files (unlike ``datasets``' cache fingerprint,
+which hashes paths and modification times) does not. A stream's hashes its files' names and sizes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.text.corpus import expand_files
 
+SAMPLES = 64
 SNAPSHOT = "_snapshot"
 # Main-process entries shared by both layouts.
 _MAIN_KEYS = (
@@ -96,3 +107,27 @@ class WorkerCountFreeLoader(StatefulDataLoader):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(convert_loader_state(state_dict, self.num_workers))
+
+
+def _digest(payload: Any) -> str:
+    return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def blocks_fingerprint(dataset: Any) -> str:
+    """Fingerprint of a block table (a ``datasets.Dataset``): its length and :data:`SAMPLES` spaced rows."""
+    n = len(dataset)
+    indices = sorted({(i * n) // SAMPLES for i in range(SAMPLES)}) if n else []
+    rows = dataset.select(indices)["input_ids"] if indices else []
+    return _digest({"blocks": n, "sample": [list(map(int, row)) for row in rows]})
+
+
+def corpus_fingerprint(datamodule: Any) -> str | None:
+    """The fingerprint of an ``MLMDataModule``'s training data after ``setup`` (``None``: not known)."""
+    train = getattr(datamodule, "train_dataset", None)
+    if train is not None:
+        return blocks_fingerprint(train)
+    files = getattr(datamodule, "hparams", {}).get("train_files")
+    if getattr(datamodule, "train_stream", None) is None or not files:
+        return None
+    paths = expand_files(files, "data.train_files")
+    return _digest({"files": [(os.path.basename(f), os.path.getsize(f)) for f in paths]})

@@ -1,13 +1,10 @@
 """From documents to blocks, shared by in-memory and streaming corpora, ``fit`` and ``prepare``.
 
-One function does it all per batch of documents: segment, tokenize with word ids, pack into blocks, on
-flat arrays (:func:`~mlm_adapt.text.tokens.tokenize_flat`, :func:`~mlm_adapt.text.blocks.pack_blocks`),
-returning an Arrow table of the blocks: no Python list per token, document or block on the way in or out.
-Packing restarts at each batch of :data:`BATCH` documents, which is what the workers of :func:`map_blocks`
-and ``prepare --shard`` cut their shares at, so neither changes a block.
-
-In-memory datasets go through :func:`map_blocks` (forked workers writing Arrow files, cached by
-fingerprint); streamed ones through ``IterableDataset.map``, lazily.
+Per batch of documents, on flat arrays (no Python list per token, document or block): segment, tokenize with
+word ids (:func:`~mlm_adapt.text.tokens.tokenize_flat`), pack (:func:`~mlm_adapt.text.blocks.pack_blocks`).
+Packing restarts at each batch of :data:`BATCH` documents, where the workers of :func:`map_blocks` and
+``prepare --shard`` cut their shares, so neither changes a block. In-memory datasets go through
+:func:`map_blocks` (forked workers, cached by fingerprint); streamed ones through ``IterableDataset.map``.
 """
 
 from __future__ import annotations
@@ -44,6 +41,22 @@ BLOCK_FEATURES = datasets.Features(
 # size, which earlier releases packed by: prepared directories keep their blocks.
 BATCH = 1000
 
+
+def block_features(vocab_size: int, max_seq_length: int) -> datasets.Features:
+    """Narrowest types for blocks (``prepare``'s): ``uint16`` ids below 65,536 tokens, ``int16`` word ids
+    (block word ids are compact, below ``max_seq_length``)."""
+    ids = "uint16" if vocab_size <= 2**16 else "int32"
+    words = "int16" if max_seq_length < 2**15 else "int32"
+    return datasets.Features(
+        {"input_ids": datasets.List(datasets.Value(ids)), "word_ids": datasets.List(datasets.Value(words))}
+    )
+
+
+def block_schema(vocab_size: int, max_seq_length: int) -> pa.Schema:
+    """The Arrow schema of :func:`block_features`: what every prepared shard holds."""
+    return block_features(vocab_size, max_seq_length).arrow_schema
+
+
 AnyDataset = TypeVar("AnyDataset", datasets.Dataset, datasets.IterableDataset, datasets.DatasetDict)
 
 
@@ -58,11 +71,8 @@ def drop_empty(dataset: datasets.Dataset, name: str) -> datasets.Dataset:
 
 
 def blocks_table(packed: PackedBlocks, features: datasets.Features = BLOCK_FEATURES) -> pa.Table:
-    """Blocks as an Arrow table of ``features`` (list columns straight from the arrays).
-
-    The cast to narrower integer types (``prepare``'s ``uint16``/``int16``) is checked: an id that does not
-    fit raises instead of wrapping around.
-    """
+    """Blocks as an Arrow table of ``features``; the cast to narrower types is checked: an id that does
+    not fit raises instead of wrapping around."""
     schema = features.arrow_schema
     offsets = pa.array(packed.offsets.astype(np.int32))
     columns = [
@@ -105,19 +115,9 @@ def to_blocks(
     features: datasets.Features = BLOCK_FEATURES,
     num_proc: int | None = None,
 ) -> AnyDataset:
-    """Segments, tokenizes and packs a ``text`` column into ``input_ids``/``word_ids`` blocks.
-
-    Args:
-        documents: Documents with a ``text`` column (in memory or streamed), or a ``DatasetDict`` of them.
-        tokenizer: The model's tokenizer.
-        segmenter: The word segmenter.
-        max_seq_length: Block length, special tokens included.
-        packing: Concatenate documents into full blocks (else one document per block or blocks).
-        document_delimiters: Packed documents each get their own ``[CLS] ... [SEP]`` (document attention).
-        features: The integer types of the block columns in memory (``prepare`` writes narrower ones).
-        num_proc: Worker processes for in-memory datasets (see :func:`map_blocks`); the blocks do not
-            depend on it.
-    """
+    """Segments, tokenizes and packs the ``text`` column of ``documents`` (in memory or streamed, or a
+    ``DatasetDict`` of them) into ``input_ids``/``word_ids`` blocks of ``features``; ``document_delimiters``
+    gives packed documents their own ``[CLS] ... [SEP]``; ``num_proc`` workers (:func:`map_blocks`)."""
     fn_kwargs = {
         "tokenizer": tokenizer,
         "segmenter": segmenter,
@@ -153,29 +153,19 @@ def map_blocks(
     desc: str,
     settings: str | None,
 ) -> datasets.Dataset:
-    """The blocks of an in-memory dataset, by ``processes`` forked workers, cached next to its files.
+    """The blocks of an in-memory dataset (``fn_kwargs``: those of :func:`documents_to_blocks` but the
+    texts), by ``processes`` forked workers, cached next to its files.
 
-    Each worker takes a contiguous share of the documents cut at multiples of :data:`BATCH` (where packing
-    restarts anyway), so the blocks are the same, in the same order, for any number of workers. Workers are
-    forked: they inherit the imports, the tokenizer and the segmenter instead of unpickling them, and each
-    writes its blocks as one Arrow stream file; the parent only memory-maps and concatenates them. A worker
-    that dies (the OOM killer) fails the call in one line instead of leaving it waiting, and a stopped
-    parent takes its workers with it.
+    Each worker takes a contiguous share cut at multiples of :data:`BATCH`, so the blocks are the same for
+    any number of workers. Forked workers inherit the tokenizer and the segmenter instead of unpickling
+    them, and each writes one Arrow stream file that the parent memory-maps. A worker that dies (the OOM
+    killer) fails the call in one line instead of leaving it waiting; a stopped parent takes them along.
 
-    The files are a cache like ``datasets``' own: beside the documents' Arrow files, named by a fingerprint
-    of the documents (``datasets``' own fingerprint of them) and of every setting that shapes the blocks,
-    each published by :func:`~mlm_adapt.guard.outputs.write_file` and listed last by an index file; a later
-    call with the same fingerprint (``setup`` after ``prepare_data``, another node on a shared cache) only
-    maps them. Documents without files (built in memory) or with caching off are processed into a temporary
-    directory and loaded into memory.
-
-    Args:
-        documents: Documents with a ``text`` column.
-        fn_kwargs: The arguments of :func:`documents_to_blocks` but the texts.
-        features: The integer types of the block columns.
-        processes: Worker processes (at most one per batch of documents; 1: in this process).
-        desc: The progress bar's label.
-        settings: :func:`settings_fingerprint` of ``fn_kwargs`` and ``features`` (``None``: not cached).
+    The files are a cache like ``datasets``' own: beside the documents' files, named by ``datasets``'
+    fingerprint of the documents and ``settings`` (:func:`settings_fingerprint`; ``None``: not cached),
+    each published by :func:`~mlm_adapt.guard.outputs.write_file` and listed last by an index file, so a
+    later call (``setup`` after ``prepare_data``, another node on a shared cache) only maps them. Documents
+    without files, or with caching off, are processed in a temporary directory and loaded into memory.
     """
     if len(documents) == 0:
         return datasets.Dataset.from_dict({name: [] for name in features}, features=features)
@@ -272,8 +262,14 @@ def _run_forked(job: _Job, shares: list[range], paths: list[Path], advance: Any)
                     message = reader.recv()
                 except EOFError:  # gone without a word: killed
                     process.join()
+                    code = process.exitcode
+                    death = (
+                        f"killed by {signal.Signals(-code).name}"
+                        if code and code < 0
+                        else f"exit status {code}"
+                    )
                     raise MLMAdaptError(
-                        f"data.preprocessing_num_workers: a preprocessing worker died ({_death(process)}); "
+                        f"data.preprocessing_num_workers: a preprocessing worker died ({death}); "
                         "if memory ran out, lower data.preprocessing_num_workers"
                     ) from None
                 if isinstance(message, int):
@@ -289,13 +285,6 @@ def _run_forked(job: _Job, shares: list[range], paths: list[Path], advance: Any)
             process.kill()
             process.join()
             reader.close()
-
-
-def _death(process: Any) -> str:
-    code = process.exitcode
-    if code is not None and code < 0:
-        return f"killed by {signal.Signals(-code).name}"
-    return f"exit status {code}"
 
 
 def _cache_dir(documents: datasets.Dataset) -> str | None:

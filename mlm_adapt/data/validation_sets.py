@@ -97,12 +97,6 @@ def held_out_error(validation_split: float, documents: int) -> MLMAdaptError:
     )
 
 
-def check_forgetting_warning(value: float | None) -> None:
-    """``data.forgetting_warning`` must be a positive fraction when set."""
-    if value is not None and value <= 0:
-        raise MLMAdaptError(f"data.forgetting_warning={value} must be > 0, e.g. 0.2 (+20% perplexity)")
-
-
 # Validation documents sampled (the first ones) and training documents searched for them.
 VALIDATION_SAMPLE = 1000
 TRAINING_SCAN = 200_000

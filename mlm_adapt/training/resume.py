@@ -21,7 +21,7 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
-from mlm_adapt.data.fingerprint import corpus_fingerprint
+from mlm_adapt.data.loader_state import corpus_fingerprint
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.loads import load_weights_only
 from mlm_adapt.guard.outputs import Output, write_file

@@ -7,7 +7,7 @@ import shutil
 import pytest
 from conftest import make_datamodule
 
-from mlm_adapt.data.fingerprint import corpus_fingerprint
+from mlm_adapt.data.loader_state import corpus_fingerprint
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.training import ExactResume
 

