@@ -10,11 +10,13 @@ Packing restarts at each batch of :data:`BATCH` documents, where the workers of 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import multiprocessing
 import os
 import signal
 import tempfile
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, TypeVar
@@ -93,16 +95,8 @@ def documents_to_blocks(
     """Segments, tokenizes and packs one batch of documents (the whole ``map`` step, usable alone)."""
     start_id, end_id = block_special_ids(tokenizer)
     tokens = tokenize_flat(texts, tokenizer, segmenter)
-    return pack_blocks(
-        tokens.ids,
-        tokens.units,
-        tokens.counts,
-        max_seq_length,
-        start_id,
-        end_id,
-        packing,
-        document_delimiters,
-    )
+    ids, units, counts = tokens.ids, tokens.units, tokens.counts
+    return pack_blocks(ids, units, counts, max_seq_length, start_id, end_id, packing, document_delimiters)
 
 
 def to_blocks(
@@ -186,10 +180,10 @@ def map_blocks(
             paths = [Path(scratch, name) for name in names]
         else:  # each part published as every output is, when all were written
             paths = [stack.enter_context(write_file(_cache_output(index.parent / n))) for n in names]
-        job = _Job(documents, fn_kwargs, features)
+        job = functools.partial(_write_blocks, documents, fn_kwargs, features)
         with hf_tqdm(total=len(documents), desc=desc, unit=" examples") as bar:
             if workers == 1:
-                job.run(shares[0], paths[0], bar.update)
+                job(shares[0], paths[0], bar.update)
             else:
                 _run_forked(job, shares, paths, bar.update)
         if index is None:
@@ -212,29 +206,31 @@ def share(length: int, index: int, count: int) -> range:
     return range(min(start * BATCH, length), min(end * BATCH, length))
 
 
-class _Job:
+def _write_blocks(
+    documents: datasets.Dataset,
+    fn_kwargs: dict[str, Any],
+    features: datasets.Features,
+    rows: range,
+    path: Path,
+    advance: Callable[[int], Any],
+) -> None:
     """One share of the documents through the map function into an Arrow stream file."""
-
-    def __init__(self, documents: datasets.Dataset, fn_kwargs: dict[str, Any], features: datasets.Features):
-        self.documents, self.fn_kwargs, self.features = documents, fn_kwargs, features
-
-    def run(self, rows: range, path: Path, advance: Any) -> None:
-        documents = self.documents.select(rows).with_format("arrow")
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, self.features.arrow_schema) as out:
-            for batch in documents.iter(batch_size=BATCH):
-                texts = batch.column("text").to_pylist()
-                out.write_table(blocks_table(documents_to_blocks(texts, **self.fn_kwargs), self.features))
-                advance(len(texts))
+    documents = documents.select(rows).with_format("arrow")
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, features.arrow_schema) as out:
+        for batch in documents.iter(batch_size=BATCH):
+            texts = batch.column("text").to_pylist()
+            out.write_table(blocks_table(documents_to_blocks(texts, **fn_kwargs), features))
+            advance(len(texts))
 
 
-def _worker(job: _Job, rows: range, path: Path, pipe: Connection) -> None:
+def _worker(job: Callable[..., None], rows: range, path: Path, pipe: Connection) -> None:
     # Stops are the parent's: a Ctrl-C or scancel reaching the whole process group must end in the parent's
     # one line and status, not in a worker dying first and being reported as a failure. The parent kills
     # its workers on the way out, and the kernel kills them if it dies (PR_SET_PDEATHSIG, guard.locks).
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signum, signal.SIG_IGN)
     try:
-        job.run(rows, path, pipe.send)
+        job(rows, path, pipe.send)
         pipe.send(None)
     except MLMAdaptError as exc:
         pipe.send(exc)
@@ -244,7 +240,7 @@ def _worker(job: _Job, rows: range, path: Path, pipe: Connection) -> None:
         pipe.close()
 
 
-def _run_forked(job: _Job, shares: list[range], paths: list[Path], advance: Any) -> None:
+def _run_forked(job: Callable[..., None], shares: list[range], paths: list[Path], advance: Any) -> None:
     """Runs ``job`` on each share in a forked process; the first failure stops them all and is raised."""
     context = multiprocessing.get_context("fork")
     running: dict[Any, tuple[Any, Connection]] = {}

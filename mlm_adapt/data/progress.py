@@ -26,19 +26,16 @@ Item = TypeVar("Item")
 @contextlib.contextmanager
 def _library_bars(enabled: bool) -> Iterator[None]:
     """``datasets``' and ``huggingface_hub``'s own bars off when ``enabled`` is false, restored after."""
-    silenced = []
-    if not enabled:
-        if not datasets.are_progress_bars_disabled():
-            datasets.disable_progress_bars()
-            silenced.append(datasets.enable_progress_bars)
-        if not hub_utils.are_progress_bars_disabled():
-            hub_utils.disable_progress_bars()
-            silenced.append(hub_utils.enable_progress_bars)
+    silenced = (
+        [] if enabled else [lib for lib in (datasets, hub_utils) if not lib.are_progress_bars_disabled()]
+    )
+    for library in silenced:
+        library.disable_progress_bars()
     try:
         yield
     finally:
-        for enable in silenced:
-            enable()
+        for library in silenced:
+            library.enable_progress_bars()
 
 
 class Progress:
@@ -71,16 +68,10 @@ class Progress:
         """A phase of ``total`` ``unit``: yields the function that advances its bar by a count; without
         bars, one line with the count and the duration at its end."""
         start = time.perf_counter()
-        bar = (
-            tqdm(total=total, desc=what, unit=f" {unit}", leave=False, dynamic_ncols=True)
-            if self.bars
-            else None
-        )
-        try:
-            yield bar.update if bar is not None else (lambda count: None)
-        finally:
-            if bar is not None:
-                bar.close()
+        with tqdm(
+            total=total, desc=what, unit=f" {unit}", leave=False, dynamic_ncols=True, disable=not self.bars
+        ) as bar:
+            yield bar.update
         self.note(f"{what}: {total:,} {unit} in {time.perf_counter() - start:.1f} s")
 
     @contextlib.contextmanager

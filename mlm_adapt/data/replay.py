@@ -1,30 +1,20 @@
 """General-text replay at sampling time, and the controller that holds forgetting to a budget.
 
-Replay (``data.mix_files``) keeps the general text as its own blocks, next to the domain blocks. Every
-training slot -- one example of one batch -- takes a general block instead of its domain block with the
-current *mix rate*. Which slots do, and which general block each takes, is a pure function of the slot's
-masking key (seed, epoch, example index: :mod:`mlm_adapt.masking.hashing`), so the draw is the same on every
-rank and worker layout and after an exact resume, exactly like the masks.
+Replay (``data.mix_files``) keeps the general text as its own blocks. Every training slot -- one example of
+one batch -- takes a general block instead of its domain block with the current *mix rate*; which slots do,
+and which block each takes, is a pure function of the slot's masking key (:mod:`mlm_adapt.masking.hashing`),
+so the draw is the same on every rank and worker layout and after an exact resume, like the masks.
 
-The draw happens in the main process, in ``MLMDataModule.on_before_batch_transfer``, right before the step
-the batch feeds, and not in the sampler or the DataLoader workers: those run several batches ahead
-(``prefetch_factor`` x workers), so a rate the controller changes after a check would reach batches already
-prepared at the old rate, a number that depends on the worker count and on timing. Here the rate of step
-``s`` is the rate after every check up to step ``s``, nothing else. The replaced rows are collated (padded
-and masked by the training collator, at the step's masking rate) in the main process; they are a fraction
-of a batch.
+The draw happens in the main process (``MLMDataModule.on_before_batch_transfer``) right before the step,
+not in the sampler or the DataLoader workers: those run several batches ahead, so a rate the controller
+changes would reach batches prepared at the old rate, a number that depends on the workers and on timing.
+Here the rate of step ``s`` is the rate after every check up to ``s``. The replaced rows (a fraction of a
+batch) are collated by the training collator there too.
 
-The rate is either fixed (``data.mix_probability``: a rate, or ``[[fraction, rate], ...]`` points over the
-optimizer steps) or controlled (``data.forgetting_budget``): after every forgetting check -- the perplexity
-of a few fixed batches of the general validation set -- :meth:`Replay.update` moves it by
-
-    rate <- clip(rate + GAIN * (rise - TARGET * budget) / budget, 0, data.max_mix_rate)
-
-with each change at most ``MAX_CHANGE`` (GAIN, TARGET and MAX_CHANGE: 0.5, 0.75 and 0.2), where ``rise`` is
-the check's perplexity over its step-0 value, minus 1. It is an integral controller aiming a quarter below
-the budget: the rate climbs while forgetting is above that target and falls back (giving the steps to domain
-text again) while it is below. The state --
-rate, step-0 perplexity, every check -- goes into checkpoints with the DataModule's ``state_dict``.
+The rate is fixed (``data.mix_probability``: a rate or points over the steps) or controlled
+(``data.forgetting_budget``): :meth:`Replay.update`, after each forgetting check, is the integral
+controller of docs/training.md, ``rate <- clip(rate + GAIN * (rise - TARGET * budget) / budget, 0,
+max_rate)``, each change at most ``MAX_CHANGE``. Its state goes into checkpoints with the DataModule's.
 """
 
 from __future__ import annotations
@@ -37,6 +27,7 @@ from typing import Any
 import datasets
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking.hashing import key_array, mix32
@@ -65,17 +56,8 @@ def parse_mix_rate(value: RateSpec) -> MaskingSchedule:
 
 
 def replayed_slots(keys: torch.Tensor, rate: float, n_general: int) -> tuple[np.ndarray, np.ndarray]:
-    """The rows of a batch that take a general block, and which block each takes.
-
-    Args:
-        keys: ``(B,)`` the rows' masking keys (``example_keys`` of the collated batch).
-        rate: The mix rate of the step.
-        n_general: Number of general blocks.
-
-    Returns:
-        ``(rows, general_indices)``: rows whose draw is below ``rate`` (each row independently) and a general
-        block index per such row, uniform over the blocks.
-    """
+    """``(rows, general_indices)``: the rows of a batch (by their masking keys, ``example_keys``) whose
+    draw is below the step's ``rate``, and for each a block index uniform over the ``n_general`` blocks."""
     if rate <= 0 or n_general == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     k = key_array(keys)
@@ -106,8 +88,8 @@ def replace_rows(
         new = other[key]
         if value.dim() == 2:
             pad = pad_token_id if key == "input_ids" else _PAD.get(key, 0)
-            value = _pad_to(value, length, pad)
-            new = _pad_to(new, length, pad)
+            value = F.pad(value, (0, length - value.shape[1]), value=pad)
+            new = F.pad(new, (0, length - new.shape[1]), value=pad)
         elif value.dim() == 0:
             merged[key] = value
             continue
@@ -115,11 +97,6 @@ def replace_rows(
         value[index] = new.to(value.dtype)
         merged[key] = value
     return merged
-
-
-def _pad_to(tensor: torch.Tensor, length: int, value: int) -> torch.Tensor:
-    missing = length - tensor.shape[1]
-    return torch.nn.functional.pad(tensor, (0, missing), value=value) if missing > 0 else tensor
 
 
 @dataclass
@@ -168,15 +145,8 @@ class Replay:
         pad_token_id: int,
         mask_rate: float | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Replaces the drawn rows of a collated training batch with general blocks; adds ``mix_rate``.
-
-        Args:
-            batch: A batch of the training collator (with ``example_keys``).
-            rate: The step's mix rate.
-            collate: The training collator.
-            pad_token_id: The tokenizer's padding id.
-            mask_rate: The step's masking rate when it is scheduled (the domain rows carry theirs).
-        """
+        """Replaces the drawn rows of a batch of the training collator ``collate`` with general blocks
+        (masked at the step's ``mask_rate`` when it is scheduled, as the domain rows); adds ``mix_rate``."""
         rows, indices = replayed_slots(batch["example_keys"], rate, len(self.general))
         if len(rows):
             slot_keys = key_array(batch["example_keys"])[rows].astype(np.int64)

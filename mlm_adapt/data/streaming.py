@@ -1,16 +1,11 @@
 """Streaming corpora (``data.streaming: true``): larger than memory or disk cache, never materialized.
 
-The pipeline is ``datasets``' own lazy one: ``load_dataset(..., streaming=True)`` -> drop empty and
-held-out lines -> a disjoint part per rank (whole files, fixed for the run, when there are at least as
-many files as ranks; else every ``world_size``-th document) -> ``shuffle`` (the rank's file order + a
-buffer, reseeded per pass with ``set_epoch``) -> segmentation/tokenization and packing as batched
-``map``. Inside DataLoader workers ``datasets`` further splits a rank's files between the workers.
-
-:class:`StreamingCorpus` holds the opened stream and hands out what the DataModule needs: the in-memory
-held-out validation documents and each rank's block stream. Ranks never run out: :class:`StreamingBlocks`
-restarts its shard (a new pass, new shuffle, new masks) when it ends, so every rank yields batches until
-``trainer.max_steps`` and no rank waits at an epoch end for a rank that has more data. The price: a stream has
-no epoch length, so ``trainer.max_steps`` is required.
+``datasets``' own lazy pipeline: ``load_dataset(..., streaming=True)`` -> drop empty and held-out lines -> a
+disjoint part per rank -> ``shuffle`` (the rank's file order and a buffer, reseeded per pass) -> blocks by
+a batched ``map``; inside DataLoader workers ``datasets`` splits a rank's files between the workers. Ranks
+never run out: :class:`StreamingBlocks` restarts its shard (a new pass, new shuffle, new masks), so every
+rank yields batches until ``trainer.max_steps`` (required: a stream has no epoch length) and none waits at
+an epoch end for a rank with more data.
 """
 
 from __future__ import annotations
@@ -64,7 +59,7 @@ def load_stream(files: list[str], key: str, text_column: str) -> datasets.Iterab
     return text_only(stream, text_column)
 
 
-def read_files_safely(stream: Iterable[Any], files: list[str], key: str) -> Iterator[Any]:
+def read_files_safely(stream: Iterable[Any], files: list[str]) -> Iterator[Any]:
     """Iterates ``stream``; a read error of one of ``files`` becomes one line naming the file and line.
 
     A stream decodes and parses lazily, so bad bytes surface only here (in a DataLoader worker, possibly
@@ -73,19 +68,10 @@ def read_files_safely(stream: Iterable[Any], files: list[str], key: str) -> Iter
     try:
         yield from stream
     except Exception as exc:
-        error = file_error(files, key) if files else None
+        error = file_error(files, "data.train_files") if files else None
         if error is None:
             raise
         raise error from exc
-
-
-def split_text(
-    stream: datasets.IterableDataset, fraction: float, seed: int, held_out: bool
-) -> datasets.IterableDataset:
-    """The documents of ``stream`` that are (``held_out=True``) or are not held out for validation."""
-    return stream.filter(
-        _keep, batched=True, fn_kwargs={"fraction": fraction, "seed": seed, "held_out": held_out}
-    )
 
 
 def content_id(input_ids: Any) -> int:
@@ -94,40 +80,19 @@ def content_id(input_ids: Any) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
 
 
-def shard_for_rank(
-    stream: datasets.IterableDataset, rank: int, world_size: int, seed: int, shuffle_buffer_size: int
-) -> datasets.IterableDataset:
-    """This rank's disjoint part of the stream, shuffled (its file order and a buffer of documents).
-
-    With at least as many files (shards) as ranks, a rank owns a fixed set of files for the whole run
-    (``shard``), so ranks that drift apart in passes (uneven files) still never read the same file; the
-    per-pass shuffle permutes only the rank's own files. With fewer files than ranks, every rank reads the
-    stream and keeps every ``world_size``-th document (``split_dataset_by_node``).
-    """
-    if world_size > 1:
-        if stream.num_shards >= world_size:
-            stream = stream.shard(num_shards=world_size, index=rank)
-        else:
-            stream = split_dataset_by_node(stream, rank=rank, world_size=world_size)
-    return stream.shuffle(seed=seed, buffer_size=shuffle_buffer_size) if shuffle_buffer_size > 1 else stream
-
-
 class StreamingBlocks(torch.utils.data.IterableDataset):
-    """Endless passes over a rank's block stream, each item keyed for the masking collator.
+    """Endless passes over a rank's stream of blocks (of the local ``files``, to name the file and line of a
+    read error), each item keyed for the masking collator.
 
     Items carry ``example_id`` (a hash of the block's tokens) and ``epoch`` (the pass number), so masks are
     new every pass and identical after a resume. ``state_dict``/``load_state_dict`` (used by
     ``StatefulDataLoader``, hence by Lightning checkpoints) save the pass and the position inside it;
     ``datasets`` refills shuffle buffers on resume, so with a buffer the resumed order is close, not exact.
-
-    Args:
-        blocks: The rank's stream of ``input_ids``/``word_ids`` blocks.
-        files: The local files streamed, to name the file and line of a read error.
     """
 
-    def __init__(self, blocks: datasets.IterableDataset, files: list[str] | None = None):
+    def __init__(self, blocks: datasets.IterableDataset, files: list[str]):
         self.blocks = blocks
-        self.files = files or []
+        self.files = files
         self.epoch = 0
         self._resumed = False
 
@@ -135,7 +100,7 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
         while True:
             self.blocks.set_epoch(self.epoch)
             yielded = False
-            for row in read_files_safely(self.blocks, self.files, "data.train_files"):
+            for row in read_files_safely(self.blocks, self.files):
                 yielded = True
                 yield {**row, "example_id": content_id(row["input_ids"]), "epoch": self.epoch}
             # An empty pass means an empty shard (e.g. a worker without files): end instead of spinning.
@@ -166,43 +131,31 @@ def load_hub_stream(name: str, config: str | None, text_column: str) -> datasets
 
 
 class StreamingCorpus:
-    """A training corpus read lazily; validation documents are held out of it by a hash of their text.
-
-    Args:
-        documents: The stream of documents (a ``text`` column).
-        validation_split: Fraction of documents held out for validation (0: none, the validation data
-            comes from elsewhere).
-        seed: Seed of the held-out hash and of the shuffling.
-        files: The local files of ``documents`` (none for a Hub dataset), to name one that fails to read.
-    """
+    """A training corpus read lazily (``files``: its local files, to name one that fails to read); the
+    validation documents, a ``validation_split`` fraction (0: none), are held out by a hash of their text."""
 
     def __init__(
-        self,
-        documents: datasets.IterableDataset,
-        validation_split: float,
-        seed: int,
-        files: list[str] | None = None,
+        self, documents: datasets.IterableDataset, validation_split: float, seed: int, files: list[str] | None
     ):
         self.documents = documents
         self.files = files or []
         self.validation_split = validation_split
         self.seed = seed
 
+    def _split(self, held_out: bool) -> datasets.IterableDataset:
+        """The non-empty documents that are (or are not) held out."""
+        kwargs = {"fraction": self.validation_split, "seed": self.seed, "held_out": held_out}
+        return self.documents.filter(_keep, batched=True, fn_kwargs=kwargs)
+
     def validation_documents(self, limit: int) -> datasets.Dataset:
         """The first ``limit`` held-out documents, in memory: every rank reads the same fixed set."""
-        held_out = split_text(self.documents, self.validation_split, self.seed, held_out=True)
-        rows = read_files_safely(held_out.take(limit), self.files, "data.train_files")
-        texts = [row["text"] for row in rows]
+        texts = [row["text"] for row in read_files_safely(self._split(held_out=True).take(limit), self.files)]
         if not texts:
             raise MLMAdaptError(
                 "data.validation_split: no held-out document in the stream; "
                 "raise it or set data.validation_files"
             )
         return datasets.Dataset.from_dict({"text": texts})
-
-    def training_documents(self) -> datasets.IterableDataset:
-        """The documents that are not held out (all of them when ``validation_split`` is 0)."""
-        return split_text(self.documents, self.validation_split, self.seed, held_out=False)
 
     def rank_blocks(
         self,
@@ -214,6 +167,18 @@ class StreamingCorpus:
         max_seq_length: int,
         packing: bool,
     ) -> StreamingBlocks:
-        """This rank's endless, shuffled stream of blocks (documents of one ``map`` batch packed together)."""
-        shard = shard_for_rank(self.training_documents(), rank, world_size, self.seed, shuffle_buffer_size)
-        return StreamingBlocks(to_blocks(shard, tokenizer, segmenter, max_seq_length, packing), self.files)
+        """This rank's endless stream of blocks, of its disjoint part of the documents, shuffled.
+
+        With at least as many files (shards) as ranks, a rank owns a fixed set of files for the whole run,
+        so ranks that drift apart in passes (uneven files) still never read the same file, and the per-pass
+        shuffle permutes only its own files. With fewer files, every rank reads the stream and keeps every
+        ``world_size``-th document.
+        """
+        stream = self._split(held_out=False)
+        if world_size > 1 and stream.num_shards >= world_size:
+            stream = stream.shard(num_shards=world_size, index=rank)
+        elif world_size > 1:
+            stream = split_dataset_by_node(stream, rank=rank, world_size=world_size)
+        if shuffle_buffer_size > 1:
+            stream = stream.shuffle(seed=self.seed, buffer_size=shuffle_buffer_size)
+        return StreamingBlocks(to_blocks(stream, tokenizer, segmenter, max_seq_length, packing), self.files)

@@ -27,47 +27,35 @@ DEFAULT_SET = "validation"
 _NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
 
-def _check_mapping(files: dict) -> None:
-    if not files:
-        raise MLMAdaptError(
-            "data.validation_files: the mapping is empty; give {name: [files]} (null: the held-out split)"
-        )
-    for name, value in files.items():
-        if not _NAME.match(str(name)):
-            raise MLMAdaptError(
-                f"data.validation_files: set name {name!r} must be letters, digits or _ "
-                "(its metrics are logged as val_<name>/...)"
-            )
-        if value is not None and not value:
-            raise MLMAdaptError(
-                f"data.validation_files.{name} is empty; give files or globs, or null for the held-out "
-                "split (data.validation_split)"
-            )
-    if sum(value is None for value in files.values()) > 1:
-        raise MLMAdaptError(
-            "data.validation_files: only one set can be null (held out from the training documents); "
-            "give files for the others"
-        )
-
-
 class ValidationSets:
-    """``data.validation_files``, checked: each set's name, files, ``DatasetDict`` split and config key.
-
-    Args:
-        files: Files or globs of one set, or ``{name: files}`` (``None``: the held-out split).
-
-    Raises:
-        MLMAdaptError: a set name that cannot be a metric prefix, a set without files, an empty mapping, or
-            more than one held-out set.
-    """
+    """``data.validation_files`` (files or globs of one set, or ``{name: files}``; ``None``: the held-out
+    split), checked: each set's name, files, ``DatasetDict`` split and config key."""
 
     def __init__(self, files: ValidationFiles):
         self.mapping = isinstance(files, dict)
-        if isinstance(files, dict):
-            _check_mapping(files)
-            self.files = {str(n): (list(v) if v is not None else None) for n, v in files.items()}
-        else:
-            self.files = {DEFAULT_SET: list(files) if files else None}
+        if not self.mapping:
+            files = {DEFAULT_SET: files or None}
+        elif not files:
+            raise MLMAdaptError(
+                "data.validation_files: the mapping is empty; give {name: [files]} (null: the held-out split)"
+            )
+        for name, value in files.items():
+            if not _NAME.match(str(name)):
+                raise MLMAdaptError(
+                    f"data.validation_files: set name {name!r} must be letters, digits or _ "
+                    "(its metrics are logged as val_<name>/...)"
+                )
+            if value is not None and not value:
+                raise MLMAdaptError(
+                    f"data.validation_files.{name} is empty; give files or globs, or null for the held-out "
+                    "split (data.validation_split)"
+                )
+        if sum(value is None for value in files.values()) > 1:
+            raise MLMAdaptError(
+                "data.validation_files: only one set can be null (held out from the training documents); "
+                "give files for the others"
+            )
+        self.files = {str(n): (list(v) if v is not None else None) for n, v in files.items()}
         self.names = list(self.files)
         # The primary set is the split ``validation`` (as a single set is), the others ``validation_<name>``.
         self.splits = {n: "validation" if i == 0 else f"validation_{n}" for i, n in enumerate(self.names)}
@@ -104,8 +92,12 @@ TRAINING_SCAN = 200_000
 MIN_CHARS = 8
 
 
-def _digest(text: str) -> bytes:
-    return hashlib.blake2b(text.strip().encode("utf-8"), digest_size=12).digest()
+def _digests(texts: list[str]) -> set[bytes]:
+    return {
+        hashlib.blake2b(t.strip().encode(), digest_size=12).digest()
+        for t in texts
+        if len(t.strip()) >= MIN_CHARS
+    }
 
 
 def _resolved(files: Iterable[str]) -> set[Path]:
@@ -118,14 +110,8 @@ def overlap_messages(
     validation: Mapping[str, tuple[list[str], datasets.Dataset]],
     train_key: str = "data.train_files",
 ) -> list[str]:
-    """One line per validation set that overlaps the training data.
-
-    Args:
-        train: The training documents (``text`` column).
-        train_files: The training files, expanded.
-        validation: ``{config key: (expanded files, documents)}`` of the validation sets given as files.
-        train_key: The config key of the training text (``data.mix_files`` for replayed general text).
-    """
+    """One line per validation set (``{config key: (expanded files, documents)}``) that overlaps the
+    training documents or their expanded files (under ``train_key``: ``data.mix_files`` for replay)."""
     messages = []
     training_files = _resolved(train_files)
     seen: set[bytes] | None = None
@@ -137,13 +123,11 @@ def overlap_messages(
                 "metrics measure memorization, not adaptation: give held-out text"
             )
             continue
-        sample = [t for t in documents.select(range(min(len(documents), VALIDATION_SAMPLE)))["text"]]
-        wanted = {_digest(t) for t in sample if len(t.strip()) >= MIN_CHARS}
+        wanted = _digests(documents.select(range(min(len(documents), VALIDATION_SAMPLE)))["text"])
         if not wanted:
             continue
         if seen is None:
-            head = train.select(range(min(len(train), TRAINING_SCAN)))["text"]
-            seen = {_digest(t) for t in head if len(t.strip()) >= MIN_CHARS}
+            seen = _digests(train.select(range(min(len(train), TRAINING_SCAN)))["text"])
         found = len(wanted & seen)
         if found:
             messages.append(
@@ -159,15 +143,9 @@ def warn_overlap(
     train_files: list[str] | None,
     mix_files: list[str] | None = None,
 ) -> None:
-    """Warns (rank 0, one line each) about the validation sets of ``raw`` that overlap its training data,
-    the replayed general text included (a general set that is also replayed cannot measure forgetting).
-
-    Args:
-        raw: The loaded documents by split (``train``, the validation sets' splits, ``mix``).
-        sets: ``data.validation_files``, checked.
-        train_files: ``data.train_files`` (``None``: a Hub dataset).
-        mix_files: ``data.mix_files``, when general text is replayed.
-    """
+    """Warns (rank 0, one line each) about the validation sets of ``raw`` (the loaded documents by split)
+    that overlap the training data (``None`` files: a Hub dataset), the replayed general text included (a
+    general set that is also replayed cannot measure forgetting)."""
     given = {
         sets.key(name): (expand_files(files, sets.key(name)), raw[sets.splits[name]])
         for name, files in sets.files.items()
