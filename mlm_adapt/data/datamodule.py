@@ -18,10 +18,10 @@ from typing_extensions import override
 
 from mlm_adapt.data.loader_state import WorkerCountFreeLoader
 from mlm_adapt.data.prepared import corpus_stats, describe_stats, load_prepared, split_counts
-from mlm_adapt.data.preprocess import BLOCK_FEATURES, drop_empty, to_blocks
+from mlm_adapt.data.preprocess import BLOCK_FEATURES, AnyDataset, drop_empty, to_blocks
 from mlm_adapt.data.replay import Replay, parse_mix_rate
 from mlm_adapt.data.samplers import KeyedDataset, train_sampler
-from mlm_adapt.data.streaming import StreamingCorpus, load_hub_stream, load_stream
+from mlm_adapt.data.streaming import StreamingCorpus, open_stream
 from mlm_adapt.data.validation_sets import ValidationFiles, ValidationSets, held_out_error, warn_overlap
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.locks import locked
@@ -80,6 +80,8 @@ def check_arguments(hp: Any) -> tuple[MaskingSchedule, MaskingSchedule, Validati
         "preprocessing_num_workers": 1,
         "pad_to_multiple_of": 1,
         "shuffle_buffer_size": 0,  # 0 and 1: no shuffle buffer
+        "forgetting_check_interval": 1,
+        "forgetting_check_batches": 1,
     }
     for key, least in sizes.items():
         if hp[key] is not None and hp[key] < least:
@@ -101,9 +103,6 @@ def check_arguments(hp: Any) -> tuple[MaskingSchedule, MaskingSchedule, Validati
     budget = hp.forgetting_budget
     if not 0.0 < hp.max_mix_rate < 1.0:
         raise MLMAdaptError(f"data.max_mix_rate={hp.max_mix_rate} must be in (0, 1), e.g. 0.5")
-    for key in ("forgetting_check_interval", "forgetting_check_batches"):
-        if hp[key] is not None and hp[key] < 1:
-            raise MLMAdaptError(f"data.{key}={hp[key]} must be at least 1")
     if budget is None:
         return schedule, mix, sets
     if not budget > 0 or math.isinf(budget):
@@ -335,10 +334,7 @@ class MLMDataModule(L.LightningDataModule):
 
         ``train``, the validation sets (files, a Hub ``validation`` split, or the seeded held-out part of the
         training documents), ``test`` and ``mix`` (the general text for replay), empty lines dropped.
-
-        Args:
-            cache_dir: Where ``datasets`` keeps the loaded files (and so the blocks mapped from them) instead
-                of ``data.cache_dir``: ``prepare`` points it into its staging directory.
+        ``cache_dir`` replaces ``data.cache_dir`` (``prepare`` points it into its staging directory).
         """
         hp = self.hparams
         splits = {"train": self.train_documents(cache_dir)}
@@ -362,12 +358,9 @@ class MLMDataModule(L.LightningDataModule):
             splits["train"], splits[held_out] = parts["train"], parts["test"]
         return datasets.DatasetDict(splits)
 
-    def blocks(
-        self, documents: datasets.DatasetDict, features: datasets.Features = BLOCK_FEATURES
-    ) -> datasets.DatasetDict:
-        """The second step: every split segmented, tokenized with word ids and packed into blocks
-        (:func:`~mlm_adapt.data.preprocess.map_blocks`: forked workers, cached by fingerprint next to the
-        documents)."""
+    def blocks(self, documents: AnyDataset, features: datasets.Features = BLOCK_FEATURES) -> AnyDataset:
+        """The second step: every split (or a stream) segmented, tokenized with word ids and packed into
+        blocks (:func:`~mlm_adapt.data.preprocess.to_blocks`)."""
         hp = self.hparams
         return to_blocks(
             documents,
@@ -429,11 +422,7 @@ class MLMDataModule(L.LightningDataModule):
     def _setup_streaming(self) -> None:
         """``setup`` for ``streaming=True``: opens the training stream, loads validation/test in memory."""
         hp = self.hparams
-        files = [] if hp.dataset_name else expand_files(hp.train_files, "data.train_files")
-        if hp.dataset_name:
-            documents = load_hub_stream(hp.dataset_name, hp.dataset_config, hp.text_column)
-        else:
-            documents = load_stream(files, "data.train_files", hp.text_column)
+        documents, files = open_stream(hp)
         splits, held_out = self._read_eval_files()
         fraction = hp.validation_split if held_out else 0.0
         self.train_stream = StreamingCorpus(documents, fraction, hp.seed, files)
@@ -463,10 +452,6 @@ class MLMDataModule(L.LightningDataModule):
             if self._replay_state is not None:
                 self.replay.load_state_dict(self._replay_state)
 
-    def _world(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-
     def _loader(
         self, dataset: Dataset, batch_size: int, sampler=None, stateful: bool = False, collator=None
     ) -> DataLoader:
@@ -487,22 +472,14 @@ class MLMDataModule(L.LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
-        world_size, rank = self._world()
-        hp = self.hparams
+        hp, trainer = self.hparams, self.trainer
+        world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         if hp.streaming:
-            if self.trainer is not None and self.trainer.max_steps < 0:
+            if trainer is not None and trainer.max_steps < 0:
                 raise MLMAdaptError(
                     "trainer.max_steps: set it when data.streaming is true (a stream has no length)"
                 )
-            blocks = self.train_stream.rank_blocks(
-                rank,
-                world_size,
-                hp.shuffle_buffer_size,
-                self.tokenizer,
-                self.segmenter,
-                hp.max_seq_length,
-                hp.packing,
-            )
+            blocks = self.train_stream.rank_blocks(rank, world_size, hp.shuffle_buffer_size, self.blocks)
             return self._loader(blocks, hp.batch_size, stateful=True, collator=self.train_collator)
         grouped = hp.group_by_length and not hp.packing
         sampler = train_sampler(self.train_dataset, world_size, rank, hp.seed, grouped, hp.batch_size)

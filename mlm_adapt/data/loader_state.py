@@ -40,50 +40,29 @@ _MAIN_KEYS = (
 )
 
 
-def _saved_workers(state: dict[str, Any]) -> int:
-    return int(state[SNAPSHOT]["_main_snapshot"]["_num_workers"]) if SNAPSHOT in state else 0
-
-
-def _worker_states(state: dict[str, Any]) -> list[tuple[Any, Any]]:
-    if SNAPSHOT not in state:
-        return [(state.get("dataset_state"), state.get("fetcher_state"))]
-    workers = state[SNAPSHOT]["_worker_snapshots"].values()
-    return [(w.get("dataset_state"), w.get("fetcher_state")) for w in workers]
-
-
 def convert_loader_state(state: dict[str, Any], num_workers: int) -> dict[str, Any]:
-    """``state`` (of any worker count) in the layout of a loader with ``num_workers`` workers.
-
-    Raises:
-        MLMAdaptError: the saved workers hold data state (a streamed corpus) and the count changed.
-    """
-    saved = _saved_workers(state)
+    """``state`` (of any worker count) in the layout of a loader with ``num_workers`` workers; refused when
+    the saved workers hold data state (a streamed corpus) and the count changed."""
+    snapshot = state.get(SNAPSHOT)
+    saved = int(snapshot["_main_snapshot"]["_num_workers"]) if snapshot is not None else 0
     if saved == num_workers:
         return state
-    if any(dataset is not None or fetcher is not None for dataset, fetcher in _worker_states(state)):
+    workers = snapshot["_worker_snapshots"].values() if snapshot is not None else [state]
+    if any(w.get("dataset_state") is not None or w.get("fetcher_state") is not None for w in workers):
         raise MLMAdaptError(
             f"data.num_workers: the checkpoint's data position was saved with {saved} workers, each holding "
             f"its share of the streamed corpus; resume with --data.num_workers={saved}"
         )
-    if SNAPSHOT in state:
-        main = state[SNAPSHOT]["_main_snapshot"]
-        yielded = int(state[SNAPSHOT]["_snapshot_step"]) + int(state.get("_steps_since_snapshot", 0))
+    if snapshot is not None:
+        main = snapshot["_main_snapshot"]
+        yielded = int(snapshot["_snapshot_step"]) + int(state.get("_steps_since_snapshot", 0))
     else:
         main, yielded = state, int(state.get("_num_yielded", 0))
     common = {key: main.get(key) for key in _MAIN_KEYS}
     finished = bool(state.get("_iterator_finished", False))
     if num_workers == 0:
-        return {
-            **common,
-            "_num_yielded": yielded,
-            "fetcher_state": None,
-            "dataset_state": None,
-            "_iterator_finished": finished,
-        }
-    workers = {
-        f"worker_{i}": {"worker_id": i, "dataset_state": None, "fetcher_state": None}
-        for i in range(num_workers)
-    }
+        empty = {"fetcher_state": None, "dataset_state": None}
+        return {**common, "_num_yielded": yielded, **empty, "_iterator_finished": finished}
     return {
         SNAPSHOT: {
             "_snapshot_step": yielded,
@@ -94,7 +73,10 @@ def convert_loader_state(state: dict[str, Any], num_workers: int) -> dict[str, A
                 "_num_workers": num_workers,
                 "_base_seed": main.get("_base_seed", 0),
             },
-            "_worker_snapshots": workers,
+            "_worker_snapshots": {
+                f"worker_{i}": {"worker_id": i, "dataset_state": None, "fetcher_state": None}
+                for i in range(num_workers)
+            },
         },
         "_steps_since_snapshot": 0,
         "_iterator_finished": finished,

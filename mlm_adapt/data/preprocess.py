@@ -150,16 +150,14 @@ def map_blocks(
     """The blocks of an in-memory dataset (``fn_kwargs``: those of :func:`documents_to_blocks` but the
     texts), by ``processes`` forked workers, cached next to its files.
 
-    Each worker takes a contiguous share cut at multiples of :data:`BATCH`, so the blocks are the same for
-    any number of workers. Forked workers inherit the tokenizer and the segmenter instead of unpickling
-    them, and each writes one Arrow stream file that the parent memory-maps. A worker that dies (the OOM
-    killer) fails the call in one line instead of leaving it waiting; a stopped parent takes them along.
+    Each worker takes a contiguous share cut at multiples of :data:`BATCH` (the same blocks for any number
+    of workers); forked, it inherits the tokenizer and segmenter instead of unpickling them, and writes one
+    Arrow stream file. A worker that dies (the OOM killer) fails the call in one line instead of a hang.
 
-    The files are a cache like ``datasets``' own: beside the documents' files, named by ``datasets``'
-    fingerprint of the documents and ``settings`` (:func:`settings_fingerprint`; ``None``: not cached),
-    each published by :func:`~mlm_adapt.guard.outputs.write_file` and listed last by an index file, so a
-    later call (``setup`` after ``prepare_data``, another node on a shared cache) only maps them. Documents
-    without files, or with caching off, are processed in a temporary directory and loaded into memory.
+    The files are a cache like ``datasets``' own, beside the documents' files: named by ``datasets``'
+    fingerprint of the documents and ``settings`` (:func:`settings_fingerprint`; ``None``: not cached) and
+    listed last by an index file, so a later call (``setup`` after ``prepare_data``, another node on a
+    shared cache) only maps them. Without files, or caching, they are made in a temporary directory.
     """
     if len(documents) == 0:
         return datasets.Dataset.from_dict({name: [] for name in features}, features=features)

@@ -1,11 +1,9 @@
-"""Progress of long work (``prepare``, ``export``, downstream evaluation): a tqdm bar as Lightning's, or one
-line per phase when bars are off.
+"""Progress of long work (``prepare``, ``export``, downstream evaluation): tqdm bars, or phase lines.
 
-Cluster jobs pass ``--trainer.enable_progress_bar false``: carriage-return bars would fill their log files,
-yet minutes of silence look like a hang. With bars off, every phase still logs one line at its start and one
-with its duration (``mlm_adapt prepare: writing train shards done in 12.3 s``), and the bars of
-``datasets`` and ``huggingface_hub`` (uploads) are silenced too. Counted phases (:meth:`Progress.counted`:
-feature extraction, probe fits, fine-tuning steps) log one line with their count and duration.
+Cluster jobs pass ``--trainer.enable_progress_bar false``: carriage-return bars would fill their logs, yet
+minutes of silence look like a hang. Without bars every phase logs a line at its start and one with its
+duration (a counted phase: one line with its count), and the bars of ``datasets`` and ``huggingface_hub``
+are silenced too.
 """
 
 from __future__ import annotations

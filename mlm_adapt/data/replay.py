@@ -1,20 +1,15 @@
 """General-text replay at sampling time, and the controller that holds forgetting to a budget.
 
-Replay (``data.mix_files``) keeps the general text as its own blocks. Every training slot -- one example of
-one batch -- takes a general block instead of its domain block with the current *mix rate*; which slots do,
-and which block each takes, is a pure function of the slot's masking key (:mod:`mlm_adapt.masking.hashing`),
-so the draw is the same on every rank and worker layout and after an exact resume, like the masks.
+Replay (``data.mix_files``) keeps the general text as its own blocks; every training slot (one example of one
+batch) takes a general block instead of its domain block with the step's *mix rate*. Which slots do, and
+which block each takes, is a pure function of the slot's masking key (:mod:`mlm_adapt.masking.hashing`): the
+same on every rank and worker layout and after an exact resume, like the masks. The draw happens in the main
+process right before the step (``MLMDataModule.on_before_batch_transfer``), not in the sampler or the
+workers, which run batches ahead: the rate of step ``s`` is the rate after every check up to ``s``.
 
-The draw happens in the main process (``MLMDataModule.on_before_batch_transfer``) right before the step,
-not in the sampler or the DataLoader workers: those run several batches ahead, so a rate the controller
-changes would reach batches prepared at the old rate, a number that depends on the workers and on timing.
-Here the rate of step ``s`` is the rate after every check up to ``s``. The replaced rows (a fraction of a
-batch) are collated by the training collator there too.
-
-The rate is fixed (``data.mix_probability``: a rate or points over the steps) or controlled
-(``data.forgetting_budget``): :meth:`Replay.update`, after each forgetting check, is the integral
-controller of docs/training.md, ``rate <- clip(rate + GAIN * (rise - TARGET * budget) / budget, 0,
-max_rate)``, each change at most ``MAX_CHANGE``. Its state goes into checkpoints with the DataModule's.
+The rate is fixed (``data.mix_probability``) or moved by :meth:`Replay.update` after each forgetting check
+(``data.forgetting_budget``): ``rate <- clip(rate + GAIN * (rise - TARGET * budget) / budget, 0, max_rate)``,
+each change at most ``MAX_CHANGE``, the integral controller of docs/training.md.
 """
 
 from __future__ import annotations
@@ -110,14 +105,8 @@ class Check:
 
 @dataclass
 class Replay:
-    """The mix rate of every step, the draw of replayed rows and, with a budget, the controller's state.
-
-    Args:
-        general: The general blocks.
-        schedule: ``data.mix_probability`` (the fixed rate or schedule; with a budget, the starting rate).
-        budget: ``data.forgetting_budget``: the allowed relative rise of the general perplexity, or ``None``.
-        max_rate: ``data.max_mix_rate``: the controller's ceiling.
-    """
+    """The mix rate of every step (``data.mix_probability``; with ``data.forgetting_budget``, the starting
+    rate, moved up to ``data.max_mix_rate``), the draw of ``general`` blocks and the controller's state."""
 
     general: datasets.Dataset
     schedule: MaskingSchedule
@@ -163,10 +152,8 @@ class Replay:
         return batch
 
     def update(self, step: int, perplexity: float) -> tuple[float, float]:
-        """Records a forgetting check and moves the controlled rate; returns ``(old_rate, new_rate)``.
-
-        The first check (step 0) is the baseline and changes nothing.
-        """
+        """Records a forgetting check and moves the controlled rate; returns ``(old_rate, new_rate)``. The
+        first check (step 0) is the baseline and changes nothing."""
         old = float(self.controlled_rate or 0.0)
         if self.baseline is None:
             self.baseline = perplexity
@@ -198,11 +185,8 @@ class Replay:
         }
 
     def load_state_dict(self, state: Any) -> None:
-        """Restores the controller after an exact resume.
-
-        Raises:
-            MLMAdaptError: A state of another shape (an altered checkpoint), before any step.
-        """
+        """Restores the controller after an exact resume; a state of another shape (an altered checkpoint)
+        is refused before any step."""
         if self.budget is None:
             return  # a fixed rate has no state (a resumed run may drop the budget: it keeps its rate)
         try:
@@ -222,13 +206,9 @@ class Replay:
 
 
 def replay_summary(state: Any) -> dict[str, Any]:
-    """What a run's replay did, from a :meth:`Replay.state_dict` (also read back from a checkpoint).
-
-    Returns:
-        ``{}`` without a budget's checks; else ``budget``, ``trajectory`` (``[step, rate, rise]`` per check
-        where the rate changed, plus the first and last), ``final_rate``, ``mean_rate`` (over the checks'
-        intervals), ``last_rise`` and ``held`` (the last check within the budget).
-    """
+    """What a run's replay did, from a :meth:`Replay.state_dict` (also read back from a checkpoint): ``{}``
+    without a budget's checks, else ``budget``, ``trajectory`` (``[step, rate, rise]`` where the rate changed,
+    and the first and last), ``final_rate``, ``mean_rate``, ``last_rise`` and ``held`` (within the budget)."""
     state = state if isinstance(state, dict) else {}
     checks, baseline, budget = state.get("checks") or [], state.get("baseline"), state.get("budget")
     if not checks or not baseline or budget is None:

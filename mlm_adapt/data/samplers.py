@@ -42,20 +42,10 @@ class LengthGroupedEpochSampler(EpochSampler):
     """An :class:`EpochSampler` that puts examples of similar length in the same batch (less padding).
 
     Each epoch starts from the same seeded shuffle as ``DistributedSampler``; the shuffled order is cut into
-    mega-batches of ``megabatch_size`` examples per rank, each sorted by length (longest first), and then
-    dealt out round-robin to the ranks, so that every rank's batch ``i`` has similar lengths too (no rank
-    waits for a longer one). Padding and ``drop_last`` follow ``DistributedSampler``; it yields
-    ``ExampleKey`` s, so each example keeps its masks: only which examples share a batch changes.
-
-    Args:
-        dataset: The dataset (only its length is used).
-        lengths: Length of each example, in dataset order.
-        megabatch_size: Examples per rank sorted together; larger groups tighter, smaller keeps more
-            randomness (default: 50 batches, as ``transformers``' ``LengthGroupedSampler``).
-        num_replicas: World size.
-        rank: This process's rank.
-        seed: Shuffling seed.
-        drop_last: Drop the tail that does not divide evenly among ranks instead of repeating examples.
+    mega-batches of ``megabatch_size`` examples per rank (50 batches, as ``transformers``'
+    ``LengthGroupedSampler``), each sorted by ``lengths`` (longest first), then dealt out round-robin to the
+    ranks, so every rank's batch ``i`` has similar lengths too (no rank waits for a longer one). Padding and
+    ``drop_last`` follow ``DistributedSampler``; each example keeps its masks: only its batch changes.
     """
 
     def __init__(
@@ -76,8 +66,8 @@ class LengthGroupedEpochSampler(EpochSampler):
             raise ValueError(f"got {len(self.lengths)} lengths for {len(dataset)} examples")
         self.megabatch_size = max(1, megabatch_size)
 
-    def grouped_indices(self) -> list[int]:
-        """This rank's indices for the current epoch."""
+    @override
+    def __iter__(self):
         generator = torch.Generator()
         generator.manual_seed(self.seed + self.epoch)
         perm = torch.randperm(len(self.lengths), generator=generator).numpy()
@@ -89,11 +79,7 @@ class LengthGroupedEpochSampler(EpochSampler):
             extra = np.tile(perm, repeats)[: self.total_size - len(perm)].tolist()
         group = np.arange(len(perm)) // (self.megabatch_size * self.num_replicas)
         indices = perm[np.lexsort((-self.lengths[perm], group))].tolist() + extra  # by group, longest first
-        return indices[self.rank : self.total_size : self.num_replicas]
-
-    @override
-    def __iter__(self):
-        return self._keyed(self.grouped_indices())
+        return self._keyed(indices[self.rank : self.total_size : self.num_replicas])
 
 
 class KeyedDataset(Dataset):

@@ -11,19 +11,17 @@ an epoch end for a rank with more data.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import datasets
 import numpy as np
 import torch
 from datasets.distributed import split_dataset_by_node
-from transformers import PreTrainedTokenizerBase
 
-from mlm_adapt.data.preprocess import is_non_empty, to_blocks
+from mlm_adapt.data.preprocess import is_non_empty
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.corpus import BUILDERS, builder_options, file_error, text_only
-from mlm_adapt.text.segmentation import WordSegmenter
+from mlm_adapt.text.corpus import BUILDERS, builder_options, expand_files, file_error, text_only
 
 
 def is_held_out(text: str, fraction: float, seed: int) -> bool:
@@ -42,12 +40,20 @@ def _keep(batch: dict[str, list], fraction: float, seed: int, held_out: bool) ->
     ]
 
 
-def load_stream(files: list[str], key: str, text_column: str) -> datasets.IterableDataset:
-    """Opens local files (one format) as a streaming dataset with a ``text`` column; one shard per file."""
+def open_stream(hp: Any) -> tuple[datasets.IterableDataset, list[str]]:
+    """The ``text`` stream of an ``MLMDataModule``'s training documents (``data.dataset_name``'s ``train``
+    split, or ``data.train_files`` of one format: a shard per file) and its local files."""
+    if hp.dataset_name:
+        try:
+            stream = datasets.load_dataset(hp.dataset_name, hp.dataset_config, split="train", streaming=True)
+        except Exception as exc:
+            raise MLMAdaptError(f"data.dataset_name: could not stream {hp.dataset_name!r}: {exc}") from exc
+        return text_only(stream, hp.text_column), []
+    files = expand_files(hp.train_files, "data.train_files")
     builders = {BUILDERS[f[f.rfind(".") :].lower()] for f in files}
     if len(builders) != 1:
         raise MLMAdaptError(
-            f"{key}: data.streaming needs files of one format, got {', '.join(sorted(builders))}"
+            f"data.train_files: data.streaming needs files of one format, got {', '.join(sorted(builders))}"
         )
     try:
         builder = builders.pop()
@@ -55,8 +61,8 @@ def load_stream(files: list[str], key: str, text_column: str) -> datasets.Iterab
             builder, data_files=files, split="train", streaming=True, **builder_options(builder)
         )
     except Exception as exc:
-        raise MLMAdaptError(f"{key}: could not stream {', '.join(files)}: {exc}") from exc
-    return text_only(stream, text_column)
+        raise MLMAdaptError(f"data.train_files: could not stream {', '.join(files)}: {exc}") from exc
+    return text_only(stream, hp.text_column), files
 
 
 def read_files_safely(stream: Iterable[Any], files: list[str]) -> Iterator[Any]:
@@ -121,15 +127,6 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
         self._resumed = True
 
 
-def load_hub_stream(name: str, config: str | None, text_column: str) -> datasets.IterableDataset:
-    """Opens the ``train`` split of a Hub dataset (or local dataset dir) as a ``text`` stream."""
-    try:
-        stream = datasets.load_dataset(name, config, split="train", streaming=True)
-    except Exception as exc:
-        raise MLMAdaptError(f"data.dataset_name: could not stream {name!r}: {exc}") from exc
-    return text_only(stream, text_column)
-
-
 class StreamingCorpus:
     """A training corpus read lazily (``files``: its local files, to name one that fails to read); the
     validation documents, a ``validation_split`` fraction (0: none), are held out by a hash of their text."""
@@ -162,10 +159,7 @@ class StreamingCorpus:
         rank: int,
         world_size: int,
         shuffle_buffer_size: int,
-        tokenizer: PreTrainedTokenizerBase,
-        segmenter: WordSegmenter,
-        max_seq_length: int,
-        packing: bool,
+        to_blocks: Callable[[datasets.IterableDataset], datasets.IterableDataset],
     ) -> StreamingBlocks:
         """This rank's endless stream of blocks, of its disjoint part of the documents, shuffled.
 
@@ -181,4 +175,4 @@ class StreamingCorpus:
             stream = split_dataset_by_node(stream, rank=rank, world_size=world_size)
         if shuffle_buffer_size > 1:
             stream = stream.shuffle(seed=self.seed, buffer_size=shuffle_buffer_size)
-        return StreamingBlocks(to_blocks(stream, tokenizer, segmenter, max_seq_length, packing), self.files)
+        return StreamingBlocks(to_blocks(stream), self.files)

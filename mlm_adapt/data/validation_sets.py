@@ -1,11 +1,8 @@
 """Named validation sets: ``data.validation_files`` as a list (one set) or a mapping ``{name: files}``.
 
-The first set is the primary one: its metrics keep the names ``val/*`` (checkpoint monitors, the export's
-choice of checkpoint), the others are logged as ``val_<name>/*``. A set given as ``null`` is held out from
-the training documents (``data.validation_split``), e.g. ``{domain: null, general: [general.txt]}``.
-
-A validation set that overlaps the training data (the same file, or identical documents in a sample) gets
-a one-line warning (:func:`warn_overlap`): its metrics would flatter the model.
+The first set is the primary one (``val/*``: checkpoint monitors, the export's choice of checkpoint), the
+others log ``val_<name>/*``; a ``null`` set is held out of the training documents. A set that overlaps the
+training data (the same file, or identical documents in a sample) gets a warning (:func:`warn_overlap`).
 """
 
 from __future__ import annotations
