@@ -481,13 +481,9 @@ def _open_shard(directory: Path, shard: Any) -> datasets.Dataset:
 def _check_shard(
     path: Path, blocks: datasets.Dataset, shard: dict, schema: pa.Schema, vocab_size: int, max_seq_length: int
 ) -> int:
-    """Checks one memory-mapped shard against what prepare writes for this tokenizer; returns its tokens.
-
-    Its column types, block count, block lengths (equal for ids and word ids, at most the block length),
-    token ids (below the vocabulary size) and word ids (``-1`` or below the block length): one vectorized
-    pass over the mapped columns, so a tampered or foreign shard is refused before the first step instead
-    of failing in the embedding or masking the wrong words.
-    """
+    """Checks a memory-mapped shard against what prepare writes for this tokenizer (column types, block
+    count and lengths, token and word id ranges) in one vectorized pass; returns its tokens. A tampered or
+    foreign shard is refused before the first step instead of failing in the embedding or masking."""
     problem, tokens = None, 0
     types, wanted = _column_types(blocks.data.schema), _column_types(schema)
     if types != wanted:

@@ -291,10 +291,9 @@ def _cache_dir(documents: datasets.Dataset) -> str | None:
 def settings_fingerprint(fn_kwargs: dict[str, Any], features: datasets.Features) -> str | None:
     """A hash of everything that shapes the blocks of a document (``None``: a setting cannot be hashed).
 
-    The tokenizer enters by what tokenizes: its class, its backend's definition (vocabulary, normalizer,
-    pre-tokenizer, model; not the truncation or padding a call left behind) and the ids that open and close a
-    block. Not the tokenizer object itself: its pickle holds the directory it was loaded from and whether the
-    Hub was offline, which would make a moved model or another shell miss the cache.
+    The tokenizer enters by its class, its backend's definition (not the truncation or padding a call left
+    behind) and the ids that open and close a block; not by its pickle, which holds the directory it was
+    loaded from and whether the Hub was offline, so a moved model or another shell would miss the cache.
     """
     hasher = Hasher()
     try:

@@ -37,13 +37,9 @@ def _library_bars(enabled: bool) -> Iterator[None]:
 
 
 class Progress:
-    """Bars (``bars=True``) or one line per phase with its duration (``bars=False``).
-
-    Args:
-        command: The command's name, the prefix of every line (``prepare``, ``export``, ``downstream``).
-        bars: Show tqdm bars; ``False`` logs phase lines instead (``trainer.enable_progress_bar``).
-        sink: Where lines go (default: rank 0's log); ``None``: nowhere.
-    """
+    """Tqdm bars, or (``bars=False``: ``trainer.enable_progress_bar``) one line per phase with its duration,
+    prefixed by ``command`` (``prepare``, ``export``, ``downstream``) and sent to ``sink`` (default: rank 0's
+    log; ``None``: nowhere)."""
 
     def __init__(self, command: str, bars: bool = True, sink: Callable[[str], None] | None = rank_zero_info):
         self.command = command
@@ -103,10 +99,8 @@ class Progress:
     def bar(
         self, items: Iterable[Item], total: int | None = None, desc: str = "", unit: str = "it"
     ) -> Iterable[Item]:
-        """``items`` wrapped in a tqdm bar when bars are on, else unchanged."""
-        if not self.bars:
-            return items
-        return tqdm(items, total=total, desc=desc, unit=unit, dynamic_ncols=True)
+        """``items`` wrapped in a tqdm bar (disabled when bars are off)."""
+        return tqdm(items, total=total, desc=desc, unit=unit, dynamic_ncols=True, disable=not self.bars)
 
 
 SILENT = Progress("downstream", bars=False, sink=None)

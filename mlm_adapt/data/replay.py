@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mlm_adapt.data.samplers import keyed_item
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking.hashing import key_array, mix32
 from mlm_adapt.masking.schedule import MaskingSchedule, RateSpec, parse_schedule
@@ -66,11 +67,8 @@ def replayed_slots(keys: torch.Tensor, rate: float, n_general: int) -> tuple[np.
 def replace_rows(
     batch: dict[str, torch.Tensor], rows: np.ndarray, other: dict[str, torch.Tensor], pad_token_id: int
 ) -> dict[str, torch.Tensor]:
-    """``batch`` with ``rows`` replaced by the rows of ``other`` (collated alike), padded to a common length.
-
-    Per-token columns are padded with what padding holds (``attention_mask`` 0, labels -100, ...); per-row
-    columns (``maskable_tokens``, ``example_keys``) are replaced as they are.
-    """
+    """``batch`` with ``rows`` replaced by the rows of ``other`` (collated alike), per-token columns padded
+    to a common length with what padding holds (``attention_mask`` 0, labels -100, ...)."""
     if len(rows) == 0:
         return batch
     length = max(batch["input_ids"].shape[1], other["input_ids"].shape[1])
@@ -139,14 +137,10 @@ class Replay:
         rows, indices = replayed_slots(batch["example_keys"], rate, len(self.general))
         if len(rows):
             slot_keys = key_array(batch["example_keys"])[rows].astype(np.int64)
-            features = []
-            for slot_key, index in zip(slot_keys, indices, strict=True):
-                row = self.general[int(index)]
-                feature = {"input_ids": row["input_ids"], "word_ids": row["word_ids"]}
-                feature.update(example_id=GENERAL_EXAMPLE_ID + int(slot_key), epoch=0)
-                if mask_rate is not None:
-                    feature["mask_rate"] = mask_rate
-                features.append(feature)
+            features = [
+                keyed_item(self.general[int(index)], GENERAL_EXAMPLE_ID + int(slot_key), 0, mask_rate)
+                for slot_key, index in zip(slot_keys, indices, strict=True)
+            ]
             batch = replace_rows(batch, rows, collate(features), pad_token_id)
         batch["mix_rate"] = torch.tensor(rate, dtype=torch.float32)
         return batch

@@ -17,13 +17,9 @@ from mlm_adapt.masking.schedule import ExampleKey, MaskRates
 
 
 class EpochSampler(DistributedSampler):
-    """A ``DistributedSampler`` that yields :class:`~mlm_adapt.masking.schedule.ExampleKey` s (epoch and
-    index) so the collator can draw new masks each epoch.
-
-    Lightning calls ``set_epoch`` on it at every epoch start and, since it already is a
-    ``DistributedSampler``, does not replace it under DDP. With ``mask_rates`` set (a masking-rate
-    schedule), each key carries the rate of the optimizer step the example's batch feeds.
-    """
+    """A ``DistributedSampler`` (Lightning calls its ``set_epoch`` and keeps it under DDP) that yields
+    :class:`~mlm_adapt.masking.schedule.ExampleKey` s, so the collator draws new masks each epoch; with
+    ``mask_rates`` (a masking-rate schedule) each carries the rate of the step its batch feeds."""
 
     mask_rates: MaskRates | None = None
 
@@ -93,12 +89,18 @@ class KeyedDataset(Dataset):
 
     def __getitem__(self, key: int | tuple) -> dict[str, Any]:
         epoch, index, rate = ExampleKey(*key) if isinstance(key, tuple) else ExampleKey(0, key)
-        row = self.blocks[int(index)]
-        item = {"input_ids": row["input_ids"], "word_ids": row["word_ids"]}
-        item.update(example_id=index, epoch=epoch)
-        if rate is not None:
-            item["mask_rate"] = rate
-        return item
+        return keyed_item(self.blocks[int(index)], index, epoch, rate)
+
+
+def keyed_item(row: dict[str, Any], example_id: int, epoch: int, mask_rate: float | None) -> dict[str, Any]:
+    """A block row as the collator takes it: its masking key (and the masking rate of its step, if any)."""
+    item = {
+        "input_ids": row["input_ids"],
+        "word_ids": row["word_ids"],
+        "example_id": example_id,
+        "epoch": epoch,
+    }
+    return item if mask_rate is None else {**item, "mask_rate": mask_rate}
 
 
 def train_sampler(

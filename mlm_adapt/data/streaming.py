@@ -25,10 +25,8 @@ from mlm_adapt.text.corpus import BUILDERS, builder_options, expand_files, file_
 
 
 def is_held_out(text: str, fraction: float, seed: int) -> bool:
-    """Deterministic validation membership of a document from a hash of its text.
-
-    Independent of order, sharding and world size, so every rank agrees without coordination.
-    """
+    """Deterministic validation membership of a document from a hash of its text: independent of order,
+    sharding and world size, so every rank agrees without coordination."""
     digest = hashlib.blake2b(f"{seed}:{text}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") / 2**64 < fraction
 
@@ -88,13 +86,9 @@ def content_id(input_ids: Any) -> int:
 
 class StreamingBlocks(torch.utils.data.IterableDataset):
     """Endless passes over a rank's stream of blocks (of the local ``files``, to name the file and line of a
-    read error), each item keyed for the masking collator.
-
-    Items carry ``example_id`` (a hash of the block's tokens) and ``epoch`` (the pass number), so masks are
-    new every pass and identical after a resume. ``state_dict``/``load_state_dict`` (used by
-    ``StatefulDataLoader``, hence by Lightning checkpoints) save the pass and the position inside it;
-    ``datasets`` refills shuffle buffers on resume, so with a buffer the resumed order is close, not exact.
-    """
+    read error), each keyed by a hash of its tokens and the pass: new masks every pass, the same after a
+    resume. ``state_dict`` (in checkpoints, through ``StatefulDataLoader``) holds the pass and the position
+    in it; ``datasets`` refills shuffle buffers on resume, so with a buffer the resumed order is close."""
 
     def __init__(self, blocks: datasets.IterableDataset, files: list[str]):
         self.blocks = blocks
@@ -161,13 +155,9 @@ class StreamingCorpus:
         shuffle_buffer_size: int,
         to_blocks: Callable[[datasets.IterableDataset], datasets.IterableDataset],
     ) -> StreamingBlocks:
-        """This rank's endless stream of blocks, of its disjoint part of the documents, shuffled.
-
-        With at least as many files (shards) as ranks, a rank owns a fixed set of files for the whole run,
-        so ranks that drift apart in passes (uneven files) still never read the same file, and the per-pass
-        shuffle permutes only its own files. With fewer files, every rank reads the stream and keeps every
-        ``world_size``-th document.
-        """
+        """This rank's endless stream of blocks of its disjoint part of the documents, shuffled: a fixed set
+        of files for the whole run with at least as many files as ranks (ranks that drift apart in passes
+        never read the same file), else every ``world_size``-th document."""
         stream = self._split(held_out=False)
         if world_size > 1 and stream.num_shards >= world_size:
             stream = stream.shard(num_shards=world_size, index=rank)
