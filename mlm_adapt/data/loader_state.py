@@ -12,7 +12,7 @@ each worker reads its own share of the stream) cannot move between counts and ar
 Hashing the whole corpus would cost seconds per gigabyte at every start, so :func:`corpus_fingerprint` hashes
 the number of training blocks and :data:`SAMPLES` evenly spaced blocks: a different corpus, split, tokenizer
 or block length changes it, while moving or touching the files (unlike ``datasets``' cache fingerprint,
-which hashes paths and modification times) does not. A stream's hashes its files' names and sizes.
+which hashes paths and modification times) does not. A stream's fingerprint hashes its files' names and sizes.
 """
 
 from __future__ import annotations
