@@ -42,9 +42,8 @@ from mlm_adapt.masking.schedule import (
     parse_schedule,
     trainer_stepping,
 )
-from mlm_adapt.text.chinese_variants import OpenCCConfig
 from mlm_adapt.text.corpus import expand_files, load_files, load_hub
-from mlm_adapt.text.segmentation import BuiltinSegmenter, Segmentation, WordSegmenter
+from mlm_adapt.text.segmentation import BuiltinSegmenter, OpenCCConfig, Segmentation, WordSegmenter
 from mlm_adapt.text.tokenizer import load_tokenizer
 
 # The lock that lets one process of a job fill a shared ``datasets`` cache (``.preprocessing.lock`` in it).

@@ -1,7 +1,7 @@
 """From documents to blocks, shared by in-memory and streaming corpora, ``fit`` and ``prepare``.
 
 One function does it all per batch of documents: segment, tokenize with word ids, pack into blocks, on
-flat arrays (:func:`~mlm_adapt.text.tokens.tokenize_flat`, :func:`~mlm_adapt.text.blocks.pack_blocks`),
+flat arrays (:func:`~mlm_adapt.text.alignment.tokenize_flat`, :func:`~mlm_adapt.text.blocks.pack_blocks`),
 returning an Arrow table of the blocks: no Python list per token, document or block on the way in or out.
 Packing restarts at each batch of :data:`BATCH` documents, which is what the workers of :func:`map_blocks`
 and ``prepare --shard`` cut their shares at, so neither changes a block.
@@ -31,10 +31,10 @@ from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError, exception_line
 from mlm_adapt.guard.outputs import Output, write_file, write_text
+from mlm_adapt.text.alignment import TOKENIZATION_VERSION, tokenize_flat
 from mlm_adapt.text.blocks import PackedBlocks, pack_blocks
 from mlm_adapt.text.segmentation import WordSegmenter
-from mlm_adapt.text.tokens import TOKENIZATION_VERSION, tokenize_flat
-from mlm_adapt.text.vocabulary import block_special_ids
+from mlm_adapt.text.tokenizer import block_special_ids
 
 BLOCK_FEATURES = datasets.Features(
     {"input_ids": datasets.List(datasets.Value("int32")), "word_ids": datasets.List(datasets.Value("int32"))}

@@ -11,9 +11,8 @@ from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking.hashing import example_keys
-from mlm_adapt.masking.sampler import check_probabilities, whole_word_mask
-from mlm_adapt.masking.units import MaskingScheme, masking_units
-from mlm_adapt.text.vocabulary import block_special_ids, ordinary_token_ids
+from mlm_adapt.masking.sampler import MaskingScheme, check_probabilities, masking_units, whole_word_mask
+from mlm_adapt.text.tokenizer import block_special_ids, ordinary_token_ids
 
 
 class WholeWordMaskCollator:
@@ -28,7 +27,7 @@ class WholeWordMaskCollator:
         pad_to_multiple_of: Pad the batch length up to a multiple of this (tensor-core friendly); 1 for none.
         seed: Seed of the masking hash.
         masking: Masking unit: ``whole_word`` (jieba words), ``ngram`` (spans of 1-4 words) or ``token``
-            (single tokens, the character-masking ablation); see :mod:`mlm_adapt.masking.units`. The batch's
+            (single tokens, the character-masking ablation); see :mod:`mlm_adapt.masking.sampler`. The batch's
             ``word_ids`` stay the jieba word ids whatever the unit.
         document_attention: Add ``document_ids`` (``-1`` on padding) and ``position_ids`` restarting at
             every document's opening ``[CLS]`` (blocks built with ``document_delimiters``), for attention

@@ -26,8 +26,9 @@ def mix32(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _to_uint32(values: torch.Tensor) -> np.ndarray:
-    return (values.cpu().numpy().astype(np.int64) & _M32).astype(np.uint32)
+def key_array(keys: torch.Tensor) -> np.ndarray:
+    """Keys as the ``uint32`` array :func:`uniform_np` takes (convert once, draw many streams)."""
+    return (keys.cpu().numpy().astype(np.int64) & _M32).astype(np.uint32)
 
 
 def _to_tensor(keys: np.ndarray, like: torch.Tensor) -> torch.Tensor:
@@ -45,7 +46,7 @@ def example_keys(seed: int, epoch: torch.Tensor, example_id: torch.Tensor) -> to
 
 def derive_keys(keys: torch.Tensor, salt: int) -> torch.Tensor:
     """Independent per-example keys for another purpose (e.g. span lengths), from ``keys`` and a salt."""
-    return _to_tensor(mix32(_to_uint32(keys) ^ np.uint32(salt & _M32)), keys)
+    return _to_tensor(mix32(key_array(keys) ^ np.uint32(salt & _M32)), keys)
 
 
 def uniform_np(keys: np.ndarray, n: int, stream: int) -> np.ndarray:
@@ -53,14 +54,12 @@ def uniform_np(keys: np.ndarray, n: int, stream: int) -> np.ndarray:
 
     Values are multiples of 2**-24 (the hash's top 24 bits), exact in float32.
     """
-    positions = np.arange(n, dtype=np.uint32) * np.uint32(4) + np.uint32((stream + _POSITION_SALT) & _M32)
-    h = mix32(keys[:, None] ^ mix32(positions)[None, :])
-    return (h >> np.uint32(8)).astype(np.float32) * np.float32(1.0 / (1 << 24))
+    return uniform_at_np(keys[:, None], np.arange(n, dtype=np.uint32)[None, :], stream)
 
 
 def uniform_at_np(keys: np.ndarray, positions: np.ndarray, stream: int) -> np.ndarray:
-    """:func:`uniform_np` at given ``(key, position)`` pairs only (equal arrays): the same values, for when
-    a few positions of a batch need a draw."""
+    """:func:`uniform_np` at given ``(key, position)`` pairs only (arrays that broadcast): the same values,
+    for when a few positions of a batch need a draw."""
     salted = positions.astype(np.uint32) * np.uint32(4) + np.uint32((stream + _POSITION_SALT) & _M32)
     h = mix32(keys ^ mix32(salted))
     return (h >> np.uint32(8)).astype(np.float32) * np.float32(1.0 / (1 << 24))
@@ -68,9 +67,4 @@ def uniform_at_np(keys: np.ndarray, positions: np.ndarray, stream: int) -> np.nd
 
 def uniform(keys: torch.Tensor, n: int, stream: int) -> torch.Tensor:
     """:func:`uniform_np` for a tensor of keys (as returned by :func:`example_keys`)."""
-    return torch.from_numpy(uniform_np(_to_uint32(keys), n, stream)).to(keys.device)
-
-
-def key_array(keys: torch.Tensor) -> np.ndarray:
-    """Keys as the ``uint32`` array :func:`uniform_np` takes (convert once, draw many streams)."""
-    return _to_uint32(keys)
+    return torch.from_numpy(uniform_np(key_array(keys), n, stream)).to(keys.device)

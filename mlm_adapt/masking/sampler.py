@@ -1,27 +1,90 @@
-"""Whole-word masking, vectorized over the batch.
+"""Which tokens are masked: masking units built from word ids, then whole-unit masking at the exact rate.
+
+Units: :func:`whole_word_mask` masks whole *units*, where a unit is whatever the word-id tensor groups.
+Changing the unit (:func:`masking_units`) changes the masking scheme without touching the sampler, so every
+scheme keeps its properties (expected rate exactly ``mlm_probability``, reproducible randomness):
+
+- ``whole_word``: a unit is a jieba word (the word ids as they are);
+- ``ngram``: a unit is a span of 1-4 consecutive words, lengths drawn at 40/30/20/10% (MacBERT-style
+  n-gram masking). Each example's words are partitioned into such spans, so a span is a union of whole words.
+  MacBERT samples a span around each chosen word instead; a partition keeps the exact-rate sampler as is. In
+  a packed block a span may join the last words of one document and the first of the next;
+- ``token``: a unit is a single token (character-level masking, the ablation of whole-word masking).
 
 Sampling rule (per example): let ``n`` be the number of maskable tokens (not ``[CLS]``/``[SEP]``/padding or
-other special tokens) and ``target = mlm_probability * n``. Words are visited in a random order and
-selected while the running token count stays within ``target``; the word that would cross it is selected
-with probability ``(target - covered) / len(word)``. The expected number of masked tokens is therefore
-exactly ``target`` (no rounding bias, short examples included), and a word is always masked whole.
+other special tokens) and ``target = mlm_probability * n``. Units are visited in a random order and
+selected while the running token count stays within ``target``; the unit that would cross it is selected
+with probability ``(target - covered) / len(unit)``. The expected number of masked tokens is therefore
+exactly ``target`` (no rounding bias, short examples included), and a unit is always masked whole.
 
-Each selected word is then, as a unit, replaced by ``[MASK]`` (``mask_replace_prob``), by random ordinary
-vocabulary tokens (``random_replace_prob``) or kept, so the token proportions are exactly those in
-expectation. ``attention_mask`` is 1 on every real token -- ``[MASK]`` included -- and 0 on padding only.
+Each selected unit is then replaced by ``[MASK]`` (``mask_replace_prob``), by random ordinary vocabulary
+tokens (``random_replace_prob``) or kept. ``attention_mask`` is 1 on every real token -- ``[MASK]``
+included -- and 0 on padding only.
 
 Randomness comes from :mod:`mlm_adapt.masking.hashing`: a pure function of the example, so validation
-examples (always drawn with epoch 0) get the same masks at every evaluation. Words are visited in the order
-of their random keys, ties (rare: 24-bit keys) broken by word index.
+examples (always drawn with epoch 0) get the same masks at every evaluation. Units are visited in the order
+of their random keys, ties (rare: 24-bit keys) broken by index.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import numpy as np
 import torch
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.masking.hashing import key_array, uniform_at_np, uniform_np
+from mlm_adapt.masking.hashing import derive_keys, key_array, uniform, uniform_at_np, uniform_np
+
+MaskingScheme = Literal["whole_word", "ngram", "token"]
+# What each scheme masks together, in the words a model card uses (short name, then the unit).
+SCHEME_DESCRIPTIONS: dict[str, tuple[str, str]] = {
+    "whole_word": ("Chinese whole-word masking", "all tokens of a segmented word are masked together"),
+    "ngram": (
+        "Chinese n-gram whole-word masking",
+        "spans of 1-4 whole segmented words (40/30/20/10%) are masked together, MacBERT-style",
+    ),
+    "token": ("token-level masking", "every token is masked on its own (character masking for Chinese)"),
+}
+
+# MacBERT's n-gram length distribution for n = 1, 2, 3, 4.
+NGRAM_PROBABILITIES = (0.4, 0.3, 0.2, 0.1)
+# Salt that gives the span-length draws their own key stream, disjoint from the streams of whole_word_mask.
+_NGRAM_SALT = 0x5BD1E995
+
+
+def ngram_units(
+    word_ids: torch.Tensor, keys: torch.Tensor, probabilities: tuple[float, ...] = NGRAM_PROBABILITIES
+) -> torch.Tensor:
+    """Groups consecutive words (``(B, L)`` compact ids, ``-1`` on specials and padding) into spans of
+    1, 2, ... words drawn with ``probabilities``, from the examples' ``keys``: compact span ids, ``-1``
+    where ``word_ids`` is ``-1``."""
+    length = word_ids.shape[1]
+    cdf = torch.tensor(probabilities, dtype=torch.float64).cumsum(0)
+    cdf = (cdf / cdf[-1]).to(torch.float32)
+    # One span length per slot; at most L spans are needed since every span holds at least one word.
+    draws = uniform(derive_keys(keys, _NGRAM_SALT), length, 0)
+    span_len = torch.searchsorted(cdf, draws.contiguous(), right=True).clamp(max=len(probabilities) - 1) + 1
+    span_end = span_len.cumsum(1)  # exclusive end (in words) of each span
+    span = torch.searchsorted(span_end, word_ids.clamp(min=0).contiguous(), right=True)
+    return torch.where(word_ids >= 0, span, -1)
+
+
+def token_units(word_ids: torch.Tensor) -> torch.Tensor:
+    """Makes every token its own unit (character-level masking for Chinese): the position is the unit id."""
+    positions = torch.arange(word_ids.shape[1], dtype=word_ids.dtype, device=word_ids.device)
+    return torch.where(word_ids >= 0, positions[None, :].expand_as(word_ids), -1)
+
+
+def masking_units(word_ids: torch.Tensor, keys: torch.Tensor, scheme: MaskingScheme) -> torch.Tensor:
+    """Unit ids to hand to :func:`whole_word_mask` for a masking scheme."""
+    if scheme == "whole_word":
+        return word_ids
+    if scheme == "ngram":
+        return ngram_units(word_ids, keys)
+    if scheme == "token":
+        return token_units(word_ids)
+    raise ValueError(f"unknown masking scheme {scheme!r}")
 
 
 def _word_order(order_key: np.ndarray, present: np.ndarray) -> torch.Tensor:

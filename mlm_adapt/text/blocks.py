@@ -7,7 +7,7 @@ compact (``0 .. n_words-1``, increasing along the block), so the collator can co
 ``scatter_add`` and needs no per-token Python.
 
 Packing works on a whole batch at once with array operations (:func:`pack_blocks`): tokens and their unit
-ids come in flat (as :func:`mlm_adapt.text.alignment.align_words_flat` gives them), blocks go out flat with
+ids come in flat (as :func:`mlm_adapt.text.alignment.tokenize_flat` gives them), blocks go out flat with
 their offsets, ready to become Arrow list columns without a Python list per block. Only the choice of each
 block's end is a loop, one step per block of a stream longer than a block.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlm_adapt.text.tokens import SPECIAL_WORD_ID
+from mlm_adapt.text.alignment import SPECIAL_WORD_ID, flatten
 
 
 @dataclass
@@ -127,10 +127,10 @@ def pack_blocks(
     Args:
         ids: Token ids of all documents, concatenated (no special tokens).
         units: The word (unit) id of each token, distinct between documents and increasing along ``ids``
-            (as :func:`~mlm_adapt.text.alignment.align_words_flat` numbers them).
+            (as :func:`~mlm_adapt.text.alignment.tokenize_flat` numbers them).
         counts: Tokens per document; documents without tokens are skipped.
         max_seq_length: Block size including ``[CLS]`` and ``[SEP]``.
-        cls_token_id: Id that opens a block (see :func:`mlm_adapt.text.vocabulary.block_special_ids`).
+        cls_token_id: Id that opens a block (see :func:`mlm_adapt.text.tokenizer.block_special_ids`).
         sep_token_id: Id that closes a block and separates packed documents.
         packing: Concatenate documents (``[SEP]`` between them) into full blocks; otherwise each document
             becomes its own block(s). Either way a document longer than a block continues in the next
@@ -195,22 +195,12 @@ def build_blocks(
 ) -> dict[str, list[list[int]]]:
     """:func:`pack_blocks` for per-document lists, as :func:`tokenize_with_word_ids` gives them.
 
-    Args:
-        input_ids: Token ids per document (no special tokens).
-        word_ids: Word id per token, as from :func:`tokenize_with_word_ids` (``>= 0``, increasing).
-        max_seq_length: Block size including ``[CLS]`` and ``[SEP]``.
-        cls_token_id: Id that opens a block: the tokenizer's ``cls`` (``<s>`` for XLM-R), else its ``bos``
-            (see :func:`mlm_adapt.text.vocabulary.block_special_ids`).
-        sep_token_id: Id that closes a block and separates packed documents: ``sep``, else ``eos``.
-        packing: See :func:`pack_blocks`.
-        document_delimiters: See :func:`pack_blocks`.
-
-    Returns:
-        ``{"input_ids": [...], "word_ids": [...]}`` with compact word ids per block.
+    ``input_ids`` are the token ids per document (no special tokens), ``word_ids`` their word ids (``>= 0``,
+    increasing along each document); the other arguments are :func:`pack_blocks`'. Returns
+    ``{"input_ids": [...], "word_ids": [...]}`` with compact word ids per block.
     """
-    counts = np.fromiter(map(len, input_ids), dtype=np.int64, count=len(input_ids))
-    ids = np.fromiter((t for doc in input_ids for t in doc), dtype=np.int64, count=int(counts.sum()))
-    words = np.fromiter((w for doc in word_ids for w in doc), dtype=np.int64, count=int(counts.sum()))
+    ids, counts = flatten(input_ids)
+    words = flatten(word_ids)[0]
     present = counts > 0
     if present.any():
         # Offset each document's ids past the previous document's, so no two documents share an id.

@@ -2,25 +2,18 @@
 
 Whole-word masking needs, for every text, words that concatenate back to it exactly
 (``"".join(words) == text``): they are aligned to the tokenizer's own tokens by character position
-(:mod:`mlm_adapt.text.alignment`). Read top to bottom:
-
-- :class:`WordSegmenter`: the protocol, one method ``segment(texts)``. A segmenter subclasses nothing;
-  ``data.segmenter`` takes the ``class_path``/``init_args`` of any class with it (``docs/segmenters.md``),
-  built by jsonargparse. :func:`restore_whitespace` repairs segmenters that drop whitespace.
-- :class:`Segmenter`: jieba's dictionary with two interchangeable backends, ``rjieba`` (Rust, the
-  default) and ``jieba`` (pure Python), with identical words when the HMM is off.
-- :class:`ThulacSegmenter`, :class:`SnownlpSegmenter`, :class:`PkusegSegmenter`: the other built-ins
-  (the ``segmenters`` extra), importing their package and loading their model on first use.
-- :class:`Segmentation`: ``data.segmenter`` resolved (a built-in name, a ``class_path`` mapping or an
-  instance), optionally through an OpenCC copy (:mod:`mlm_adapt.text.chinese_variants`), with every batch
-  checked: a segmenter that raises, exits, returns the wrong number of word lists or words that do not
-  join back stops preprocessing with one line naming it and the first offending text.
+(:mod:`mlm_adapt.text.alignment`). A segmenter subclasses nothing: any class with ``segment(texts)``
+(:class:`WordSegmenter`) is one, built by jsonargparse from ``data.segmenter`` (``docs/segmenters.md``).
+The built-ins are jieba's dictionary (:class:`Segmenter`, backend ``rjieba`` or ``jieba``) and THULAC,
+snownlp and pkuseg (the ``segmenters`` extra). :class:`Segmentation` resolves ``data.segmenter``, optionally
+through an OpenCC copy (:class:`ChineseConverter`), and checks every batch: a segmenter that raises, exits,
+returns the wrong number of word lists or words that do not join back stops preprocessing with one line
+naming it and the first offending text.
 
 Segmenters are pickled to the DataLoader workers of streamed corpora and hashed into the blocks' cache
 fingerprint (the preprocessing workers are forked and inherit them), so none pickles a loaded model: the
 jieba backends and the built-ins build theirs once per process, and a ``class_path`` segmenter is rebuilt
-from its init args in each worker (its pickled state is the built-in name or the class path with its init
-args, the jieba options and the OpenCC configuration).
+from its init args in each worker.
 """
 
 from __future__ import annotations
@@ -28,17 +21,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import rjieba
 from jsonargparse import ArgumentError, ArgumentParser
 
 from mlm_adapt.errors import Interrupted, MLMAdaptError, Stopped, exception_line, raised
-from mlm_adapt.text.chinese_variants import ChineseConverter, split_like
 
 
 @runtime_checkable
@@ -87,6 +81,7 @@ def restore_whitespace(text: str, words: list[str]) -> list[str] | None:
 
 
 SegmenterBackend = Literal["rjieba", "jieba"]
+JIEBA_BACKENDS = get_args(SegmenterBackend)
 
 # rjieba keeps frequencies (and their total) in 64-bit integers; far below that, any word already wins.
 MAX_FREQUENCY = 10**12
@@ -106,14 +101,8 @@ def jieba_cache_dir() -> Path:
 
 
 def read_user_dict(path: str | Path) -> list[tuple[str, int | None, str | None]]:
-    """Parses a jieba user dictionary: one ``word [freq] [tag]`` entry per line.
-
-    Args:
-        path: The dictionary file (UTF-8).
-
-    Returns:
-        ``(word, freq, tag)`` triples; ``freq`` and ``tag`` are ``None`` when the line omits them.
-    """
+    """Parses a jieba user dictionary (UTF-8, ``word [freq] [tag]`` per line) into ``(word, freq, tag)``
+    triples, ``None`` for what a line omits."""
     path = Path(path)
     if not path.is_file():
         raise MLMAdaptError(f"data.user_dict: {path} does not exist; give a jieba dictionary file or null")
@@ -158,7 +147,7 @@ class Segmenter:
     """
 
     def __init__(self, backend: SegmenterBackend = "rjieba", hmm: bool = False, user_dict: str | None = None):
-        if backend not in ("rjieba", "jieba"):
+        if backend not in JIEBA_BACKENDS:
             raise MLMAdaptError(f"data.segmenter: unknown backend {backend!r}; use 'rjieba' or 'jieba'")
         self.backend = backend
         self.hmm = hmm
@@ -169,9 +158,7 @@ class Segmenter:
         self._impl = None
 
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_impl"] = None
-        return state
+        return {**self.__dict__, "_impl": None}
 
     def _build(self):
         if self.backend == "rjieba":
@@ -228,7 +215,8 @@ class _LazyModel:
     def _cut(self, text: str) -> list[str]:
         raise NotImplementedError
 
-    def _ensure_model(self) -> Any:
+    def segment(self, texts: list[str]) -> list[list[str]]:
+        """The words of each text; whitespace the model dropped comes back as words of its own."""
         if self._model is None:
             try:
                 self._model = self._load()
@@ -236,11 +224,6 @@ class _LazyModel:
                 raise MLMAdaptError(
                     f"data.segmenter: {type(self).__name__} needs the {self.package} package; {EXTRA_HINT}"
                 ) from None
-        return self._model
-
-    def segment(self, texts: list[str]) -> list[list[str]]:
-        """The words of each text; whitespace the model dropped comes back as words of its own."""
-        self._ensure_model()
         result = []
         for text in texts:
             words = self._cut(text) if text.strip() else []
@@ -337,15 +320,76 @@ class PkusegSegmenter(_LazyModel):
         return self._model.cut(text)
 
 
+OpenCCConfig = Literal["t2s", "tw2s", "hk2s"]
+OPENCC_CONFIGS: tuple[str, ...] = get_args(OpenCCConfig)
+
+
+class ChineseConverter:
+    """``data.opencc``: the Simplified copy of Traditional text that the segmenter sees.
+
+    jieba's dictionary (and most segmenters' models) is Simplified: on Taiwan or Hong Kong text it splits
+    most words into characters. The word boundaries found in the copy are mapped back to the original text
+    by character position, so the training text, tokens and exports stay Traditional. OpenCC's character
+    tables keep every character in place; a phrase that changes length (網際網路 -> 互联网 under ``tw2sp``)
+    does not, so such a text is converted character by character instead (losing the phrase context).
+
+    Args:
+        config: The OpenCC configuration: ``t2s`` (Traditional), ``tw2s`` (Taiwan), ``hk2s`` (Hong Kong).
+    """
+
+    def __init__(self, config: str) -> None:
+        if config not in OPENCC_CONFIGS:
+            raise MLMAdaptError(
+                f"data.opencc: unknown OpenCC configuration {config!r}; use one of "
+                f"{', '.join(OPENCC_CONFIGS)} (to Simplified) or null"
+            )
+        self.config = config
+        self._opencc: Any = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_opencc": None}
+
+    def _converter(self) -> Any:
+        if self._opencc is None:
+            try:
+                import opencc  # noqa: PLC0415 (optional dependency, only with data.opencc)
+            except ImportError:
+                raise MLMAdaptError(f"data.opencc needs the opencc package; {EXTRA_HINT}") from None
+            try:
+                self._opencc = opencc.OpenCC(self.config)
+            except RuntimeError as exc:  # the configuration file is missing from the installed package
+                raise MLMAdaptError(f"data.opencc: OpenCC cannot load {self.config!r}: {exc}") from None
+        return self._opencc
+
+    def convert(self, text: str) -> str:
+        """``text`` converted, character for character (same length, same positions)."""
+        converter = self._converter()
+        converted = converter.convert(text)
+        if len(converted) == len(text):
+            return converted
+        return "".join(_char_conversion(converter, ch) for ch in text)
+
+
+@lru_cache(maxsize=65536)
+def _char_conversion(converter: Any, ch: str) -> str:
+    converted = converter.convert(ch)
+    return converted if len(converted) == 1 else ch
+
+
+def split_like(text: str, words: list[str]) -> list[str]:
+    """``text`` cut at the same positions as ``words`` (words of a same-length converted copy)."""
+    bounds = [0, *itertools.accumulate(map(len, words))]
+    return [text[start:end] for start, end in itertools.pairwise(bounds)]
+
+
 BuiltinSegmenter = Literal["rjieba", "jieba", "thulac", "snownlp", "pkuseg"]
-JIEBA_BACKENDS = ("rjieba", "jieba")
-BUILTIN_CLASSES: dict[str, type[_LazyModel]] = {
-    "thulac": ThulacSegmenter,
-    "snownlp": SnownlpSegmenter,
-    "pkuseg": PkusegSegmenter,
-}
-BUILTIN_NAMES = (*JIEBA_BACKENDS, *BUILTIN_CLASSES)
+BUILTIN_NAMES = get_args(BuiltinSegmenter)
+BUILTIN_CLASSES = {"thulac": ThulacSegmenter, "snownlp": SnownlpSegmenter, "pkuseg": PkusegSegmenter}
 _PLAIN = (str, int, float, bool, type(None))
+_NO_SEGMENT = (
+    "has no segment(texts) method; a segmenter maps a list of texts to a list of word lists "
+    "(see docs/segmenters.md)"
+)
 
 
 def _from_class_path(spec: Mapping[str, Any]) -> Any:
@@ -368,10 +412,7 @@ def _from_class_path(spec: Mapping[str, Any]) -> Any:
         cause = chain[-1]
         reason = exception_line(cause)
         if "does not implement protocol" in reason:
-            raise MLMAdaptError(
-                f"data.segmenter: {name} has no segment(texts) method; a segmenter maps a list of texts "
-                "to a list of word lists (see docs/segmenters.md)"
-            ) from None
+            raise MLMAdaptError(f"data.segmenter: {name} {_NO_SEGMENT}") from None
         if isinstance(cause, ImportError | AttributeError) or "import path" in reason:
             raise MLMAdaptError(
                 f"data.segmenter: cannot import class_path {name!r} ({reason}); give an importable class "
@@ -402,10 +443,6 @@ def _describe(segmenter: Any) -> Any:
     cls = type(segmenter)
     args = {k: v for k, v in vars(segmenter).items() if not k.startswith("_") and isinstance(v, _PLAIN)}
     return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": args}
-
-
-def _short(text: str, limit: int = 60) -> str:
-    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 def _as_list(words: Any) -> list:
@@ -460,10 +497,7 @@ class Segmentation:
         # Built now, so a bad class path or init args fail at startup, before any preprocessing.
         self._segmenter: Any = self._build() if given else segmenter
         if not callable(getattr(self._segmenter, "segment", None)):
-            raise MLMAdaptError(
-                f"data.segmenter: {self.name} has no segment(texts) method; a segmenter maps a list of texts "
-                "to a list of word lists (see docs/segmenters.md)"
-            )
+            raise MLMAdaptError(f"data.segmenter: {self.name} {_NO_SEGMENT}")
 
     def _build(self) -> Any:
         if self.name in JIEBA_BACKENDS:
@@ -495,7 +529,8 @@ class Segmentation:
         return self.segment([text])[0]
 
     def _fail(self, problem: str, text: str, hint: str) -> MLMAdaptError:
-        return MLMAdaptError(f"data.segmenter: {self.name} {problem} on the text {_short(text)}; {hint}")
+        short = repr(text if len(text) <= 60 else text[:60] + "…")
+        return MLMAdaptError(f"data.segmenter: {self.name} {problem} on the text {short}; {hint}")
 
     def _run(self, texts: list[str]) -> list[list[str]]:
         try:
