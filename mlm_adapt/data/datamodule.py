@@ -33,7 +33,7 @@ from mlm_adapt.data.validation_sets import (
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.locks import locked
 from mlm_adapt.masking import MaskingScheme, WholeWordMaskCollator
-from mlm_adapt.masking.sampler import check_probabilities
+from mlm_adapt.masking.collator import check_probabilities
 from mlm_adapt.masking.schedule import (
     MaskingSchedule,
     MaskRates,

@@ -3,7 +3,7 @@
 Replay (``data.mix_files``) keeps the general text as its own blocks, next to the domain blocks. Every
 training slot -- one example of one batch -- takes a general block instead of its domain block with the
 current *mix rate*. Which slots do, and which general block each takes, is a pure function of the slot's
-masking key (seed, epoch, example index: :mod:`mlm_adapt.masking.hashing`), so the draw is the same on every
+masking key (seed, epoch, example index: :mod:`mlm_adapt.masking.collator`), so the draw is the same on every
 rank and worker layout and after an exact resume, exactly like the masks.
 
 The draw happens in the main process, in ``MLMDataModule.on_before_batch_transfer``, right before the step
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.masking.hashing import key_array, mix32
+from mlm_adapt.masking.collator import key_array, mix32
 from mlm_adapt.masking.schedule import MaskingSchedule, RateSpec, parse_schedule
 
 # Salts of the two draws per slot: whether it replays, and which general block it takes.

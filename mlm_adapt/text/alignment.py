@@ -68,11 +68,8 @@ class TokenSpans:
 
 @dataclass
 class AlignedTokens:
-    """Tokens of a batch of texts, flat, each with its unit (merged word) id.
-
-    Unit ids are numbered over the whole batch: they increase along the concatenation of the texts, so no
-    two texts share one and a block cut from several texts never needs renumbering to keep them apart.
-    """
+    """Tokens of a batch of texts, flat, each with its unit (merged word) id, numbered over the whole batch
+    (increasing along the texts, so a block cut from several texts never needs renumbering)."""
 
     ids: np.ndarray
     units: np.ndarray
@@ -96,17 +93,10 @@ def tokenize_with_word_ids(
 ) -> dict[str, list[list[int]]]:
     """Tokenizes each text whole and gives every token the id of the jieba word it belongs to.
 
-    Words that one token spans are joined into one id (masked together); see the module docstring.
-
-    Args:
-        texts: Documents (one string each).
-        tokenizer: A fast Hugging Face tokenizer.
-        segmenter: The word segmenter (:class:`~mlm_adapt.text.segmentation.Segmentation` checks that its
-            words join back to each text).
-
-    Returns:
-        ``{"input_ids": [...], "word_ids": [...]}``, one list per text, no special tokens; word ids increase
-        along each text, from 0.
+    Words that one token spans are joined into one id (masked together); see the module docstring. The
+    tokenizer is a fast Hugging Face one; :class:`~mlm_adapt.text.segmentation.Segmentation` checks that the
+    segmenter's words join back to each text. Returns ``{"input_ids": [...], "word_ids": [...]}``, one list
+    per text, no special tokens; word ids increase along each text, from 0.
     """
     aligned = tokenize_flat(texts, tokenizer, segmenter)
     # Per-text ids starting at 0 (units increase along a text, so the first token has the smallest).
@@ -258,11 +248,9 @@ def _spell_out(
 
 
 def _fast_path_backend(tokenizer: PreTrainedTokenizerBase) -> Any:
-    """The Rust tokenizer, when a fast path may replace it: no saved truncation/padding, no added tokens.
-
-    Added tokens (``data.new_tokens_file``) are matched in the raw text before the model's pipeline runs: a
-    per-character or per-byte table cannot see them, so such tokenizers take the generic path.
-    """
+    """The Rust tokenizer, when a fast path may replace it: no saved truncation/padding, no added tokens
+    (matched in the raw text before the model's pipeline runs, a per-character or per-byte table cannot
+    see them)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or backend.truncation is not None or backend.padding is not None:
         return None
@@ -383,12 +371,7 @@ def _bert_spans(
     order = np.argsort(starts, kind="stable")  # a run's tokens keep their order at a shared offset
     ids, starts, ends = ids[order], starts[order], ends[order]
     text_of = np.repeat(np.arange(len(lengths)), lengths)
-    counts = (
-        np.bincount(text_of[starts], minlength=len(lengths))
-        if len(starts)
-        else np.zeros(len(lengths), np.int64)
-    )
-    return TokenSpans(ids, starts, ends, counts)
+    return TokenSpans(ids, starts, ends, np.bincount(text_of[starts], minlength=len(lengths)))
 
 
 # Post-processors that leave encode()'s offsets as the model's tokens cover the text (no whitespace trimming).
@@ -449,19 +432,14 @@ class _ByteTable:
         byte_length = self.byte_length[flat_ids]
         token_text = np.repeat(np.arange(len(counts)), counts)
         token_bytes = np.bincount(token_text, weights=byte_length, minlength=len(lengths))
-        if not np.array_equal(token_bytes, _utf8_lengths(raw, char_starts, lengths)):
+        char_byte = np.append(np.flatnonzero(char_starts), len(raw))  # byte offset of every character
+        text_bytes = np.diff(char_byte[np.append(0, np.cumsum(lengths))])
+        if not np.array_equal(token_bytes, text_bytes):
             return None
         char_of_byte = np.cumsum(char_starts) - 1
         ends = np.cumsum(byte_length)
         starts = ends - byte_length
         return TokenSpans(flat_ids, char_of_byte[starts], char_of_byte[ends - 1] + 1, counts)
-
-
-def _utf8_lengths(raw: np.ndarray, char_starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """UTF-8 bytes of each text, from the bytes of their concatenation and their lengths in characters."""
-    first_byte = np.flatnonzero(char_starts)  # byte offset of every character
-    bounds = np.append(first_byte, len(raw))[np.concatenate(([0], np.cumsum(lengths)))]
-    return np.diff(bounds)
 
 
 _BYTE_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

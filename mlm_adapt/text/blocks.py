@@ -1,15 +1,13 @@
 """Cutting tokenized documents into model-sized blocks ``[CLS] doc [SEP] doc ... [SEP]``.
 
-How a block edge meets a word: a block ends at the last word boundary that fits, so a word is never split
-between two blocks and never half-masked. Only a single word longer than a whole block (a URL, a long
-number) is cut, and each part is then masked as a word of its own. Inside one block the word ids are
-compact (``0 .. n_words-1``, increasing along the block), so the collator can count word lengths with one
-``scatter_add`` and needs no per-token Python.
+A block ends at the last word boundary that fits, so a word is never split between two blocks and never
+half-masked; only a word longer than a whole block (a URL, a long number) is cut, each part then masked as
+a word of its own. Inside a block the word ids are compact (``0 .. n_words-1``, increasing), so the
+collator counts word lengths with one ``scatter_add``.
 
-Packing works on a whole batch at once with array operations (:func:`pack_blocks`): tokens and their unit
-ids come in flat (as :func:`mlm_adapt.text.alignment.tokenize_flat` gives them), blocks go out flat with
-their offsets, ready to become Arrow list columns without a Python list per block. Only the choice of each
-block's end is a loop, one step per block of a stream longer than a block.
+:func:`pack_blocks` works on a whole batch with array operations: tokens and unit ids come in flat (from
+:func:`mlm_adapt.text.alignment.tokenize_flat`), blocks go out flat with their offsets, ready to become
+Arrow list columns. Only the choice of each block's end is a loop, one step per block of a long stream.
 """
 
 from __future__ import annotations
@@ -50,11 +48,8 @@ def _narrow(values: Sequence[int] | np.ndarray) -> np.ndarray:
 def _block_bounds(
     word_ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, capacity: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end offsets of the blocks of each stream ``[starts[i], ends[i])``, cut at word boundaries.
-
-    Greedy, as a reader would cut: each block ends at the last clean position that leaves it at most
-    ``capacity`` tokens; only a word longer than a whole block is cut inside.
-    """
+    """Start and end offsets of the blocks of each stream ``[starts[i], ends[i])``, cut greedily: each block
+    ends at the last word boundary that leaves it at most ``capacity`` tokens (inside a longer word only)."""
     short = ends - starts <= capacity
     block_starts, block_ends = [starts[short]], [ends[short]]
     long_streams = np.flatnonzero(~short)
@@ -158,15 +153,9 @@ def pack_blocks(
     lo, hi = _block_bounds(stream_words, starts, ends, capacity)
     # Document separators at a block edge would double up with the block's [CLS]/[SEP]; drop them.
     separator_at = np.append(stream_words == SPECIAL_WORD_ID, False)
-    while True:
-        step = (lo < hi) & separator_at[lo]
-        if not step.any():
-            break
+    while (step := (lo < hi) & separator_at[lo]).any():
         lo = lo + step
-    while True:
-        step = (hi > lo) & separator_at[np.maximum(hi - 1, 0)]
-        if not step.any():
-            break
+    while (step := (hi > lo) & separator_at[np.maximum(hi - 1, 0)]).any():
         hi = hi - step
     kept = hi > lo
     lo, hi = lo[kept], hi[kept]

@@ -37,12 +37,9 @@ from mlm_adapt.errors import Interrupted, MLMAdaptError, Stopped, exception_line
 
 @runtime_checkable
 class WordSegmenter(Protocol):
-    """Maps a batch of texts (``list[str]``) to their words (``list[list[str]]``).
-
-    The words of each text must join back to it (``"".join(words) == text``), whitespace included; a
-    segmenter is called from worker processes (streamed corpora pickle it to them), so it must pickle (load
-    models lazily, on first use, and leave them out of the pickled state).
-    """
+    """Maps a batch of texts (``list[str]``) to their words (``list[list[str]]``), which must join back to
+    each text, whitespace included. It must pickle (streamed corpora send it to worker processes): load
+    models lazily, on first use, and leave them out of the pickled state."""
 
     # ``Any`` and positional-only: jsonargparse accepts a class for this protocol only when its parameter
     # types equal the protocol's, unless the protocol's are ``Any``, and its names too unless positional
@@ -117,7 +114,7 @@ def read_user_dict(path: str | Path) -> list[tuple[str, int | None, str | None]]
         if not line:
             continue
         parts = line.split()
-        word, freq, tag = parts[0], None, None
+        word, freq, tag = parts[0], None, parts[2] if len(parts) > 2 else None
         if len(parts) > 1:
             if not parts[1].isdigit():
                 raise MLMAdaptError(
@@ -130,8 +127,6 @@ def read_user_dict(path: str | Path) -> list[tuple[str, int | None, str | None]]
                     f"data.user_dict: {path} line {lineno}: frequency {parts[1]} is too large; use at most "
                     f"{MAX_FREQUENCY} (jieba's own dictionary tops out below 10^6)"
                 )
-        if len(parts) > 2:
-            tag = parts[2]
         entries.append((word, freq, tag))
     return entries
 
@@ -163,18 +158,17 @@ class Segmenter:
     def _build(self):
         if self.backend == "rjieba":
             impl = rjieba.Jieba()
-            for word, freq, tag in self._entries:
-                impl.add_word(word, freq, tag)
-            return impl.cut  # called directly per text: the hot path of preprocessing
-        import jieba  # noqa: PLC0415 (the reference backend: a slow import, only when chosen)
+        else:
+            import jieba  # noqa: PLC0415 (the reference backend: a slow import, only when chosen)
 
-        jieba.setLogLevel(logging.WARNING)
-        impl = jieba.Tokenizer()
-        impl.tmp_dir = str(jieba_cache_dir())
-        impl.initialize()
+            jieba.setLogLevel(logging.WARNING)
+            impl = jieba.Tokenizer()
+            impl.tmp_dir = str(jieba_cache_dir())
+            impl.initialize()
         for word, freq, tag in self._entries:
             impl.add_word(word, freq, tag)
-        return lambda text, hmm: impl.lcut(text, HMM=hmm)
+        # rjieba's cut is called directly per text: the hot path of preprocessing.
+        return impl.cut if self.backend == "rjieba" else lambda text, hmm: impl.lcut(text, HMM=hmm)
 
     def __call__(self, text: str) -> list[str]:
         """Returns the words of ``text`` in order; joined they give ``text`` back."""
@@ -197,6 +191,7 @@ EXTRA_HINT = "install it with: pip install 'mlm_adapt[segmenters]'"
 class _LazyModel:
     """A built-in segmenter whose package and model load on first use, left out of the pickled state.
 
+    A subclass names its ``package`` and defines ``_load`` (the model) and ``_cut`` (one text's words).
     THULAC and snownlp ship their models; pkuseg and snownlp drop whitespace, which comes back through
     :func:`restore_whitespace`. Measured speeds: ``docs/segmenters.md``.
     """
@@ -208,12 +203,6 @@ class _LazyModel:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_model": None}
-
-    def _load(self) -> Any:
-        raise NotImplementedError
-
-    def _cut(self, text: str) -> list[str]:
-        raise NotImplementedError
 
     def segment(self, texts: list[str]) -> list[list[str]]:
         """The words of each text; whitespace the model dropped comes back as words of its own."""
@@ -273,10 +262,8 @@ class SnownlpSegmenter(_LazyModel):
 class PkusegSegmenter(_LazyModel):
     """pkuseg (Peking University) through ``spacy-pkuseg``, from a model directory already on disk.
 
-    spacy-pkuseg ships no model and downloads a named one (``spacy_ontonotes``, ``medicine``, ``web``...)
-    from GitHub on first use; mlm_adapt never downloads at run time. Download the model once (or train one
-    with ``spacy_pkuseg.train``) and give its directory, or its name when it is already in ``$PKUSEG_HOME``
-    (``~/.pkuseg``).
+    spacy-pkuseg ships no model and would download one on first use; mlm_adapt never downloads at run time:
+    download it once (or train one with ``spacy_pkuseg.train``) and give its directory.
 
     Args:
         model: A directory holding ``weights.npz`` and ``features.msgpack``/``features.pkl``, or the name of
@@ -393,12 +380,9 @@ _NO_SEGMENT = (
 
 
 def _from_class_path(spec: Mapping[str, Any]) -> Any:
-    """The segmenter a ``{"class_path", "init_args"}`` mapping names, built as the CLI builds it.
-
-    The same jsonargparse resolution as LightningCLI's (import, protocol check, init args against the
-    signature), so a mapping given in Python, or rebuilt in a worker from the hyperparameters, behaves as on
-    the command line; its multi-line report becomes one line here.
-    """
+    """The segmenter a ``{"class_path", "init_args"}`` mapping names, built by LightningCLI's jsonargparse
+    resolution (import, protocol check, init args against the signature), so a mapping given in Python or
+    rebuilt in a worker behaves as on the command line; its multi-line report becomes one line here."""
     name, init_args = spec["class_path"], dict(spec.get("init_args") or {})
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--segmenter", type=WordSegmenter)
@@ -433,11 +417,9 @@ def _from_class_path(spec: Mapping[str, Any]) -> Any:
 
 
 def _describe(segmenter: Any) -> Any:
-    """A config value for ``segmenter``: its name, or ``{"class_path", "init_args"}`` of plain values.
-
-    An instance is described by its class and its public attributes of plain types (what a segmenter
-    usually keeps of its init args): the form that hyperparameters, checkpoints and the resume check keep.
-    """
+    """A config value for ``segmenter`` (the form hyperparameters, checkpoints and the resume check keep):
+    its name, or ``{"class_path", "init_args"}`` with an instance's public attributes of plain types (what a
+    segmenter usually keeps of its init args)."""
     if isinstance(segmenter, str | Mapping):
         return dict(segmenter) if isinstance(segmenter, Mapping) else segmenter
     cls = type(segmenter)

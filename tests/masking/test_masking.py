@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import WholeWordMaskCollator
-from mlm_adapt.masking.hashing import mix32
+from mlm_adapt.masking.collator import mix32
 from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import build_blocks
 from mlm_adapt.text.segmentation import Segmenter

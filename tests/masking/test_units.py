@@ -7,8 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlm_adapt.masking import WholeWordMaskCollator
-from mlm_adapt.masking.hashing import example_keys
-from mlm_adapt.masking.sampler import NGRAM_PROBABILITIES, masking_units, ngram_units, token_units
+from mlm_adapt.masking.collator import (
+    NGRAM_PROBABILITIES,
+    example_keys,
+    masking_units,
+    ngram_units,
+    token_units,
+)
 
 
 def _word_rows(draw_lengths: list[list[int]], pad_to: int) -> torch.Tensor:
