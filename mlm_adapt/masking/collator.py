@@ -333,10 +333,9 @@ class WholeWordMaskCollator:
         return torch.tensor(rates, dtype=torch.float32)[:, None]
 
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """Collates examples with ``input_ids`` and ``word_ids`` (optionally ``example_id``, ``epoch``,
-        ``mask_rate``); ``maskable_tokens`` counts each row's tokens that could have been masked (the
-        denominator of the realized masking rate); ``example_keys`` are the rows' masking keys, which also
-        decide general-text replay (:mod:`mlm_adapt.data.replay`)."""
+        """Collates examples with ``input_ids``, ``word_ids`` and optionally ``example_id``, ``epoch``,
+        ``mask_rate``; adds each row's ``maskable_tokens`` (the realized rate's denominator) and masking
+        ``example_keys`` (which also decide general-text replay, :mod:`mlm_adapt.data.replay`)."""
         batch = self.pad(features)
         keys = self.keys(features)
         special = np.take(self.is_special, batch["input_ids"].numpy(), mode="clip")

@@ -16,16 +16,11 @@ characters:
 - a token with an empty span (a marker the normalizer added) belongs to the word at its position;
 - byte-level pieces of one character have that character's span and therefore share its word.
 
-Word ids increase along each text; they are not compact (words without tokens leave gaps): blocks compact
-them. Everything after the tokenizer call is vectorized over the batch with numpy.
-
-Text is text, for every family: the strings of special tokens in a document (``[MASK]``, ``<s>``) are
-tokenized as ordinary characters, never as control tokens; where the vocabulary model itself has such a
-string as a piece (SentencePiece vocabularies list ``<s>`` and ``[MASK]``), the piece is replaced by the
-pieces of its characters (:func:`_spell_out`), so no control id ever comes from corpus text.
-
-Two fast paths give the same tokens and offsets: BERT's pipeline skips tokenizing CJK characters
-(:class:`_CharTable`), byte-level BPE (GPT-2, ModernBERT, Qwen) skips offset tracking (:class:`_ByteTable`).
+Word ids increase along each text, with gaps (blocks compact them). Text is text: special-token strings
+in a document (``[MASK]``, ``<s>``) are ordinary characters, never control tokens, even where the
+vocabulary model has them as pieces (:func:`_spell_out`). Everything after the tokenizer call is
+vectorized with numpy; BERT's pipeline skips tokenizing CJK characters (:class:`_CharTable`) and
+byte-level BPE skips offset tracking (:class:`_ByteTable`), with the same tokens and offsets.
 """
 
 from __future__ import annotations

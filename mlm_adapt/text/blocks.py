@@ -119,19 +119,15 @@ def pack_blocks(
 ) -> PackedBlocks:
     """Turns a batch of tokenized documents into blocks ``[CLS] ... [SEP]`` of at most ``max_seq_length``.
 
-    Args:
-        ids: Token ids of all documents, concatenated (no special tokens).
-        units: The word (unit) id of each token, distinct between documents and increasing along ``ids``
-            (as :func:`~mlm_adapt.text.alignment.tokenize_flat` numbers them).
-        counts: Tokens per document; documents without tokens are skipped.
-        max_seq_length: Block size including ``[CLS]`` and ``[SEP]``.
-        cls_token_id: Id that opens a block (see :func:`mlm_adapt.text.tokenizer.block_special_ids`).
-        sep_token_id: Id that closes a block and separates packed documents.
-        packing: Concatenate documents (``[SEP]`` between them) into full blocks; otherwise each document
-            becomes its own block(s). Either way a document longer than a block continues in the next
-            block: no text is dropped.
-        document_delimiters: With ``packing``, every document gets its own ``[CLS] ... [SEP]``
-            (``[CLS] d1 [SEP] [CLS] d2 [SEP]``), as it would alone: the form document attention needs.
+    ``ids`` and ``units`` are the flat tokens and unit ids of :func:`~mlm_adapt.text.alignment.tokenize_flat`
+    (no special tokens; units distinct between documents, increasing), ``counts`` the tokens per document
+    (documents without tokens are skipped). ``cls_token_id`` opens a block and ``sep_token_id`` closes it
+    and separates packed documents (:func:`mlm_adapt.text.tokenizer.block_special_ids`).
+
+    ``packing`` concatenates documents (``[SEP]`` between them) into full blocks, else each document becomes
+    its own block(s); either way a document longer than a block continues in the next one: no text is
+    dropped. With ``document_delimiters`` every packed document gets its own ``[CLS] ... [SEP]``, as it
+    would alone: the form document attention needs.
     """
     capacity = max_seq_length - 2
     if capacity < 1:

@@ -2,13 +2,8 @@
 
 Whole-word masking needs, for every text, words that concatenate back to it exactly
 (``"".join(words) == text``): they are aligned to the tokenizer's own tokens by character position
-(:mod:`mlm_adapt.text.alignment`). A segmenter subclasses nothing: any class with ``segment(texts)``
-(:class:`WordSegmenter`) is one, built by jsonargparse from ``data.segmenter`` (``docs/segmenters.md``).
-The built-ins are jieba's dictionary (:class:`Segmenter`, backend ``rjieba`` or ``jieba``) and THULAC,
-snownlp and pkuseg (the ``segmenters`` extra). :class:`Segmentation` resolves ``data.segmenter``, optionally
-through an OpenCC copy (:class:`ChineseConverter`), and checks every batch: a segmenter that raises, exits,
-returns the wrong number of word lists or words that do not join back stops preprocessing with one line
-naming it and the first offending text.
+(:mod:`mlm_adapt.text.alignment`). Any class with ``segment(texts)`` is a segmenter (:class:`WordSegmenter`,
+``docs/segmenters.md``); :class:`Segmentation` builds and checks the configured one.
 
 Segmenters are pickled to the DataLoader workers of streamed corpora and hashed into the blocks' cache
 fingerprint (the preprocessing workers are forked and inherit them), so none pickles a loaded model: the
@@ -87,10 +82,9 @@ MAX_FREQUENCY = 10**12
 def jieba_cache_dir() -> Path:
     """jieba's prefix-dictionary cache dir: ``$MLM_ADAPT_JIEBA_CACHE`` or ``~/.cache/mlm_adapt/jieba``.
 
-    jieba's default is ``jieba.cache`` in the system temp directory, shared by every user of a node: a file
-    left there by another user cannot be replaced (every process then rebuilds the dictionary) and would be
-    unmarshalled without question. A private directory, written once per node by ``prepare_data`` (jieba
-    writes it atomically), lets every rank and worker just load it.
+    jieba's default, in the system temp directory, is shared by every user of a node: a file left there by
+    another user cannot be replaced (every process then rebuilds the dictionary) and would be unmarshalled
+    without question. A private one, written once per node by ``prepare_data``, lets every rank just load it.
     """
     path = Path(os.environ.get("MLM_ADAPT_JIEBA_CACHE") or Path.home() / ".cache" / "mlm_adapt" / "jieba")
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -319,9 +313,7 @@ class ChineseConverter:
     by character position, so the training text, tokens and exports stay Traditional. OpenCC's character
     tables keep every character in place; a phrase that changes length (網際網路 -> 互联网 under ``tw2sp``)
     does not, so such a text is converted character by character instead (losing the phrase context).
-
-    Args:
-        config: The OpenCC configuration: ``t2s`` (Traditional), ``tw2s`` (Taiwan), ``hk2s`` (Hong Kong).
+    ``config``: ``t2s`` (Traditional), ``tw2s`` (Taiwan) or ``hk2s`` (Hong Kong) to Simplified.
     """
 
     def __init__(self, config: str) -> None:
@@ -437,6 +429,9 @@ def _as_list(words: Any) -> list:
 
 class Segmentation:
     """The configured word segmenter with the join-back check (and optional OpenCC conversion).
+
+    A segmenter that raises, exits, returns the wrong number of word lists or words that do not join back
+    stops preprocessing with one line naming it and the first offending text.
 
     Args:
         segmenter: A built-in name, a ``{"class_path": ..., "init_args": {...}}`` mapping or a
