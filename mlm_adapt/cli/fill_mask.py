@@ -20,7 +20,7 @@ from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.loads import is_sharded_checkpoint, pretrained_tokenizer
 from mlm_adapt.model.checkpoints import load_checkpoint, module_from_checkpoint, tokenizer_for
 from mlm_adapt.model.loading import pretrained_masked_lm
-from mlm_adapt.text.vocabulary import join_pieces, piece_text
+from mlm_adapt.text.tokenizer import join_pieces, piece_text
 
 MODES = {"none": "[MASK] attended", "zero": "[MASK] not attended"}
 

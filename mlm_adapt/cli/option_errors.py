@@ -14,8 +14,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.chinese_variants import OPENCC_CONFIGS
-from mlm_adapt.text.segmentation import BUILTIN_NAMES
+from mlm_adapt.text.segmentation import BUILTIN_NAMES, OPENCC_CONFIGS
 
 _GIVEN = re.compile(r"Given value: (.*)")
 _CLASS_PATH = re.compile(r"Problem with given class_path '([^']*)':\s*\n\s*(.+)")

@@ -17,13 +17,13 @@ from typing_extensions import override
 from mlm_adapt.cli.fit import MLMAdaptCLI
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.vocabulary import join_pieces, piece_text
+from mlm_adapt.text.tokenizer import join_pieces, piece_text
 
 
 def batch_examples(batch: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase) -> Iterator[dict]:
     """Splits a collated batch into JSON-ready examples (``word_ids`` null on special and pad tokens).
 
-    ``tokens`` are readable pieces (:func:`~mlm_adapt.text.vocabulary.piece_text`: ``是``, not ``æĺ¯``).
+    ``tokens`` are readable pieces (:func:`~mlm_adapt.text.tokenizer.piece_text`: ``是``, not ``æĺ¯``).
     """
     for row in range(batch["input_ids"].shape[0]):
         input_ids = batch["input_ids"][row].tolist()

@@ -1,4 +1,4 @@
-"""``python -m mlm_adapt vocab``: the domain vocabulary report (see :mod:`mlm_adapt.text.terms`).
+"""``python -m mlm_adapt vocab``: the domain vocabulary report (see :mod:`mlm_adapt.text.tokenizer`).
 
 It answers two questions about a domain corpus before adapting to it:
 
@@ -18,7 +18,7 @@ from typing_extensions import override
 from mlm_adapt.cli.preview import DataOnlyCLI
 from mlm_adapt.export.callback import hparams_inputs
 from mlm_adapt.guard.outputs import Output, check_output, refuse_same_outputs, write_text
-from mlm_adapt.text.terms import candidate_terms, cohesion, oov_characters, write_user_dict
+from mlm_adapt.text.tokenizer import candidate_terms, cohesion, oov_characters, write_user_dict
 
 
 class VocabCLI(DataOnlyCLI):

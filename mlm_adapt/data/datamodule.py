@@ -26,7 +26,7 @@ from mlm_adapt.data.validation_sets import ValidationFiles, ValidationSets, held
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.locks import locked
 from mlm_adapt.masking import MaskingScheme, WholeWordMaskCollator
-from mlm_adapt.masking.sampler import check_probabilities
+from mlm_adapt.masking.collator import check_probabilities
 from mlm_adapt.masking.schedule import (
     MaskingSchedule,
     MaskRates,
@@ -35,9 +35,8 @@ from mlm_adapt.masking.schedule import (
     parse_schedule,
     trainer_stepping,
 )
-from mlm_adapt.text.chinese_variants import OpenCCConfig
 from mlm_adapt.text.corpus import expand_files, load_files, load_hub
-from mlm_adapt.text.segmentation import BuiltinSegmenter, Segmentation, WordSegmenter
+from mlm_adapt.text.segmentation import BuiltinSegmenter, OpenCCConfig, Segmentation, WordSegmenter
 from mlm_adapt.text.tokenizer import load_tokenizer
 
 # The lock that lets one process of a job fill a shared ``datasets`` cache (``.preprocessing.lock`` in it).

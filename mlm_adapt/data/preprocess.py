@@ -1,7 +1,7 @@
 """From documents to blocks, shared by in-memory and streaming corpora, ``fit`` and ``prepare``.
 
 Per batch of documents, on flat arrays (no Python list per token, document or block): segment, tokenize with
-word ids (:func:`~mlm_adapt.text.tokens.tokenize_flat`), pack (:func:`~mlm_adapt.text.blocks.pack_blocks`).
+word ids (:func:`~mlm_adapt.text.alignment.tokenize_flat`), pack (:func:`~mlm_adapt.text.blocks.pack_blocks`).
 Packing restarts at each batch of :data:`BATCH` documents, where the workers of :func:`map_blocks` and
 ``prepare --shard`` cut their shares, so neither changes a block. In-memory datasets go through
 :func:`map_blocks` (forked workers, cached by fingerprint); streamed ones through ``IterableDataset.map``.
@@ -30,10 +30,10 @@ from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError, exception_line
 from mlm_adapt.guard.outputs import Output, write_file, write_text
+from mlm_adapt.text.alignment import TOKENIZATION_VERSION, tokenize_flat
 from mlm_adapt.text.blocks import PackedBlocks, pack_blocks
 from mlm_adapt.text.segmentation import WordSegmenter
-from mlm_adapt.text.tokens import TOKENIZATION_VERSION, tokenize_flat
-from mlm_adapt.text.vocabulary import block_special_ids
+from mlm_adapt.text.tokenizer import block_special_ids
 
 BLOCK_FEATURES = datasets.Features(
     {"input_ids": datasets.List(datasets.Value("int32")), "word_ids": datasets.List(datasets.Value("int32"))}

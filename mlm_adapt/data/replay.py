@@ -2,7 +2,7 @@
 
 Replay (``data.mix_files``) keeps the general text as its own blocks; every training slot (one example of one
 batch) takes a general block instead of its domain block with the step's *mix rate*. Which slots do, and
-which block each takes, is a pure function of the slot's masking key (:mod:`mlm_adapt.masking.hashing`): the
+which block each takes, is a pure function of the slot's masking key (:mod:`mlm_adapt.masking.collator`): the
 same on every rank and worker layout and after an exact resume, like the masks. The draw happens in the main
 process right before the step (``MLMDataModule.on_before_batch_transfer``), not in the sampler or the
 workers, which run batches ahead: the rate of step ``s`` is the rate after every check up to ``s``.
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from mlm_adapt.data.samplers import keyed_item
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.masking.hashing import key_array, mix32
+from mlm_adapt.masking.collator import key_array, mix32
 from mlm_adapt.masking.schedule import MaskingSchedule, RateSpec, parse_schedule
 
 # Salts of the two draws per slot: whether it replays, and which general block it takes.

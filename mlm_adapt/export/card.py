@@ -10,8 +10,8 @@ import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
 from mlm_adapt.data.replay import parse_mix_rate
+from mlm_adapt.masking.collator import SCHEME_DESCRIPTIONS
 from mlm_adapt.masking.schedule import parse_schedule
-from mlm_adapt.masking.units import SCHEME_DESCRIPTIONS
 from mlm_adapt.model.metrics import before_after_names, validation_prefix
 
 CONFIG_FILENAME = "training_config.yaml"

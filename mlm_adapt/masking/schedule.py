@@ -1,24 +1,20 @@
 """The masking rate, from the config to each example: ``data.mlm_probability`` as a rate or a schedule.
 
-The whole path, in one place:
-
 1. :func:`parse_schedule` reads ``data.mlm_probability`` (a rate, or piecewise-linear
-   ``[fraction_of_training, rate]`` points) into a :class:`MaskingSchedule`; the DataModule does it once, at
-   construction, and refuses a bad value in one line.
-2. The training sampler (``mlm_adapt.data.samplers.EpochSampler``) runs in the main process and knows each
-   example's position in the epoch, hence its batch and the optimizer step that batch feeds
-   (:class:`Stepping`, from the trainer's settings by :func:`trainer_stepping`). With a schedule that is not
-   constant, :class:`MaskRates` turns each position into an :class:`ExampleKey` carrying the rate of that
-   step.
-3. ``KeyedDataset`` passes the key's ``mask_rate`` on with the example, and the collator
-   (:class:`~mlm_adapt.masking.collator.WholeWordMaskCollator`, in a DataLoader worker) masks each example
-   at its own rate (``rates()``); a constant schedule needs no key: the collator's ``mlm_probability``.
+   ``[fraction_of_training, rate]`` points) into a :class:`MaskingSchedule`, once, when the DataModule is
+   built.
+2. The training sampler (``mlm_adapt.data.samplers.EpochSampler``, in the main process) knows each
+   example's position in the epoch, hence the optimizer step its batch feeds (:class:`Stepping`, from
+   :func:`trainer_stepping`); under a schedule that is not constant, :class:`MaskRates` turns each
+   position into an :class:`ExampleKey` carrying the rate of that step.
+3. ``KeyedDataset`` passes the key's ``mask_rate`` on with the example, and the collator (in a DataLoader
+   worker) masks each example at its own rate; a constant schedule needs no key.
 4. The module logs the realized rate as ``train/mask_rate``.
 
-The rate of a batch is therefore a function of the fraction of the run's optimizer steps done when it feeds
-a step (``step / trainer.estimated_stepping_batches``), nothing else: every DDP rank, every worker layout and
-a resumed run (the ``StatefulDataLoader`` restores the sampler's position) compute the same rate for the same
-batch. Published schedules, ready to copy, are in ``docs/recipe.md``.
+The rate of a batch is therefore a function of the fraction of the run's optimizer steps done when it
+feeds a step, nothing else: every DDP rank, every worker layout and a resumed run (the
+``StatefulDataLoader`` restores the sampler's position) compute the same rate for the same batch.
+Published schedules: ``docs/recipe.md``.
 """
 
 from __future__ import annotations
@@ -37,10 +33,8 @@ _EXAMPLE = "e.g. 0.15 or [[0.0, 0.30], [1.0, 0.15]]"
 
 @dataclass(frozen=True)
 class MaskingSchedule:
-    """A masking rate over training: ``points`` of ``(fraction_of_training, rate)``, linear in between.
-
-    Before the first point the first rate holds, after the last point the last rate.
-    """
+    """A masking rate over training: ``points`` of ``(fraction_of_training, rate)``, linear in between,
+    constant before the first point and after the last."""
 
     points: tuple[tuple[float, float], ...]
 
@@ -79,18 +73,9 @@ class MaskingSchedule:
 def parse_schedule(
     value: RateSpec, key: str = "data.mlm_probability", zero_allowed: bool = False, example: str = _EXAMPLE
 ) -> MaskingSchedule:
-    """Reads a rate or a list of ``[fraction_of_training, rate]`` points; bad values give one line.
-
-    Args:
-        value: The configured value.
-        key: The config key, for messages.
-        zero_allowed: Rates may be 0 (a mixing rate), not only in (0, 1) (a masking rate).
-        example: A valid value, for messages.
-
-    Raises:
-        MLMAdaptError: A rate outside (0, 1) (or [0, 1)), fractions outside [0, 1] or not strictly
-            increasing, or a malformed point, naming ``key``.
-    """
+    """Reads a rate or a list of ``[fraction_of_training, rate]`` points; a bad value (a rate outside
+    (0, 1), or [0, 1) with ``zero_allowed``, fractions outside [0, 1] or not increasing, a malformed point)
+    is one line naming ``key``, with ``example``."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         points = ((0.0, float(value)),)
     elif isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0:
@@ -126,13 +111,8 @@ class ExampleKey(NamedTuple):
 
 @dataclass(frozen=True)
 class Stepping:
-    """How loader batches map to optimizer steps.
-
-    Args:
-        batches_per_epoch: Training batches per epoch and rank (``trainer.num_training_batches``).
-        accumulate: ``trainer.accumulate_grad_batches``.
-        total_steps: Optimizer steps of the run (``trainer.estimated_stepping_batches``).
-    """
+    """How loader batches (``batches_per_epoch`` per epoch and rank, ``accumulate`` per step) map to the
+    run's ``total_steps`` optimizer steps."""
 
     batches_per_epoch: int
     accumulate: int
@@ -149,10 +129,8 @@ def trainer_stepping(trainer: Any, loader_batches: int) -> Stepping:
 
     Computed from the trainer's settings with Lightning's own rules (``limit_train_batches``, a step at the
     end of every epoch, ``estimated_stepping_batches``) rather than read from ``num_training_batches``: an
-    exact resume fast-forwards the sampler before Lightning has counted the batches.
-
-    Raises:
-        MLMAdaptError: When the run has no length (``max_steps`` and ``max_epochs`` both unlimited).
+    exact resume fast-forwards the sampler before Lightning has counted the batches. A run without a length
+    (``max_steps`` and ``max_epochs`` both unlimited) is an error.
     """
     limit = trainer.limit_train_batches
     batches = min(loader_batches, limit) if isinstance(limit, int) else int(loader_batches * limit)
@@ -172,12 +150,9 @@ def trainer_stepping(trainer: Any, loader_batches: int) -> Stepping:
 
 
 class MaskRates:
-    """Turns the indices a sampler draws into :class:`ExampleKey` s carrying the scheduled masking rate.
+    """Turns the indices a sampler draws into :class:`ExampleKey` s carrying the rate of ``schedule``.
 
-    Args:
-        schedule: The masking-rate schedule.
-        batch_size: Examples per batch and rank.
-        stepping: Called once per epoch with the number of loader batches: the :class:`Stepping`.
+    ``batch_size`` is per rank; ``stepping`` gives the :class:`Stepping` for an epoch's number of batches.
     """
 
     def __init__(self, schedule: MaskingSchedule, batch_size: int, stepping: Callable[[int], Stepping]):

@@ -1,10 +1,10 @@
-"""Word ids for the tokenizer's own tokenization: tokenize each text whole, then align jieba words to tokens.
+"""Segment + tokenize: every token of the tokenizer's own tokenization gets the id of its jieba word.
 
-Whole-word masking needs a word id per token, but the tokens must be exactly what the tokenizer produces
-for the text (``tokenizer(text, add_special_tokens=False, split_special_tokens=True)``), or the model trains
-on a tokenization it never sees at inference. Tokenizing jieba's word list instead gives every word its
-own ``▁`` prefix (SentencePiece), keeps byte-level BPE merges from crossing a word boundary, and splits
-BERT's ``１０`` into ``１ ０``.
+Whole-word masking needs a word id per token (``-1`` for ``[CLS]``, ``[SEP]`` and padding), but the tokens
+must be exactly what the tokenizer produces for the text (``add_special_tokens=False``,
+``split_special_tokens=True``), or the model trains on a tokenization it never sees at inference.
+Tokenizing jieba's word list instead gives every word its own ``▁`` prefix (SentencePiece), keeps
+byte-level BPE merges from crossing a word boundary, and splits BERT's ``１０`` into ``１ ０``.
 
 So each text is tokenized whole, with character offsets, and each token gets the jieba word covering its
 characters:
@@ -16,19 +16,11 @@ characters:
 - a token with an empty span (a marker the normalizer added) belongs to the word at its position;
 - byte-level pieces of one character have that character's span and therefore share its word.
 
-Word ids increase along each text; they are not compact (words without tokens leave gaps): blocks compact
-them. Everything after the tokenizer call is vectorized over the batch with numpy.
-
-Text is text, for every family: the strings of special tokens in a document (``[MASK]``, ``<mask>``,
-``<s>``, ``[CLS]``) are tokenized as ordinary characters, never as control tokens (``split_special_tokens``);
-where the vocabulary model itself has such a string as a piece (SentencePiece vocabularies list ``<s>`` and
-``[MASK]``), the piece is replaced by the pieces of its characters (:func:`_spell_out`), so no control id
-ever comes from corpus text.
-
-BERT's pipeline (BertNormalizer isolating CJK characters, BertPreTokenizer, WordPiece) gets a faster path
-that produces the same tokens and offsets without tokenizing the CJK characters: see :class:`_CharTable`.
-Byte-level BPE (GPT-2, ModernBERT, Qwen) gets one that skips the tokenizer's offset tracking and derives
-the spans from each token's byte length: see :class:`_ByteTable`.
+Word ids increase along each text, with gaps (blocks compact them). Text is text: special-token strings
+in a document (``[MASK]``, ``<s>``) are ordinary characters, never control tokens, even where the
+vocabulary model has them as pieces (:func:`_spell_out`). Everything after the tokenizer call is
+vectorized with numpy; BERT's pipeline skips tokenizing CJK characters (:class:`_CharTable`) and
+byte-level BPE skips offset tracking (:class:`_ByteTable`), with the same tokens and offsets.
 """
 
 from __future__ import annotations
@@ -47,6 +39,12 @@ from tokenizers import pre_tokenizers
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.text.segmentation import WordSegmenter
+
+SPECIAL_WORD_ID = -1
+# Bumped whenever the tokens or word ids produced for a text change: it is part of the datasets cache
+# fingerprint (see mlm_adapt.data.preprocess), so caches written by an older version are not reused.
+TOKENIZATION_VERSION = 3
 
 # Unicode whitespace below U+3001 (``str.isspace``): U+3000, the ideographic space, is the last one.
 _WHITESPACE = np.zeros(0x3001, dtype=bool)
@@ -63,23 +61,42 @@ class TokenSpans:
     counts: np.ndarray  # tokens per text
 
 
-def align_words(
-    texts: Sequence[str], words: Sequence[Sequence[str]], tokenizer: PreTrainedTokenizerBase
+@dataclass
+class AlignedTokens:
+    """Tokens of a batch of texts, flat, each with its unit (merged word) id, numbered over the whole batch
+    (increasing along the texts, so a block cut from several texts never needs renumbering)."""
+
+    ids: np.ndarray
+    units: np.ndarray
+    counts: np.ndarray  # tokens per text
+
+
+def tokenize_flat(
+    texts: Sequence[str], tokenizer: PreTrainedTokenizerBase, segmenter: WordSegmenter
+) -> AlignedTokens:
+    """:func:`tokenize_with_word_ids` as flat arrays, unit ids numbered over the batch (for packing)."""
+    texts = list(texts)
+    words = segmenter.segment(texts)
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    spans = token_spans(texts, tokenizer)
+    unit = _token_units(spans, _char_words("".join(texts), lengths, words), lengths)
+    return AlignedTokens(spans.ids, unit, spans.counts)
+
+
+def tokenize_with_word_ids(
+    texts: Sequence[str], tokenizer: PreTrainedTokenizerBase, segmenter: WordSegmenter
 ) -> dict[str, list[list[int]]]:
-    """Tokenizes each text whole and gives every token the id of its (merged) jieba word.
+    """Tokenizes each text whole and gives every token the id of the jieba word it belongs to.
 
-    Args:
-        texts: Documents (one string each).
-        words: The jieba words of each text; joined they give the text back.
-        tokenizer: A fast Hugging Face tokenizer.
-
-    Returns:
-        ``{"input_ids": [...], "word_ids": [...]}``, one list per text, no special tokens; ``input_ids``
-        equal ``tokenizer(text, add_special_tokens=False)["input_ids"]``.
+    Words that one token spans are joined into one id (masked together); see the module docstring. The
+    tokenizer is a fast Hugging Face one; :class:`~mlm_adapt.text.segmentation.Segmentation` checks that the
+    segmenter's words join back to each text. Returns ``{"input_ids": [...], "word_ids": [...]}``, one list
+    per text, no special tokens; word ids increase along each text, from 0.
     """
-    aligned = align_words_flat(texts, words, tokenizer)
+    aligned = tokenize_flat(texts, tokenizer, segmenter)
     # Per-text ids starting at 0 (units increase along a text, so the first token has the smallest).
-    unit = aligned.units - np.repeat(_text_base(aligned.units, aligned.counts), aligned.counts)
+    present = aligned.counts[aligned.counts > 0]
+    unit = aligned.units - np.repeat(aligned.units[np.cumsum(present) - present], present)
     bounds = np.concatenate(([0], np.cumsum(aligned.counts))).tolist()
     all_ids, all_units = aligned.ids.tolist(), unit.tolist()
     pairs = list(itertools.pairwise(bounds))
@@ -87,41 +104,6 @@ def align_words(
         "input_ids": [all_ids[b:e] for b, e in pairs],
         "word_ids": [all_units[b:e] for b, e in pairs],
     }
-
-
-@dataclass
-class AlignedTokens:
-    """Tokens of a batch of texts, flat, each with its unit (merged word) id.
-
-    Unit ids are numbered over the whole batch: they increase along the concatenation of the texts, so no
-    two texts share one and a block cut from several texts never needs renumbering to keep them apart.
-    """
-
-    ids: np.ndarray
-    units: np.ndarray
-    counts: np.ndarray  # tokens per text
-
-
-def align_words_flat(
-    texts: Sequence[str], words: Sequence[Sequence[str]], tokenizer: PreTrainedTokenizerBase
-) -> AlignedTokens:
-    """:func:`align_words` without per-text lists: flat arrays for the packer (no Python ints per token)."""
-    texts = list(texts)
-    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-    text_start = np.cumsum(lengths) - lengths
-    spans = token_spans(texts, tokenizer)
-    joined = "".join(texts)
-    unit = _token_units(spans, _char_words(joined, lengths, words), lengths, text_start)
-    return AlignedTokens(spans.ids, unit, spans.counts)
-
-
-def _text_base(unit: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """The unit id of each text's first token (0 for a text without tokens)."""
-    first = np.cumsum(counts) - counts
-    base = np.zeros(len(counts), dtype=np.int64)
-    has = counts > 0
-    base[has] = unit[first[has]]
-    return base
 
 
 def _char_words(joined: str, lengths: np.ndarray, words: Sequence[Sequence[str]]) -> np.ndarray:
@@ -166,14 +148,12 @@ def _join_back_error(joined: str, lengths: np.ndarray, words: Sequence[Sequence[
     )
 
 
-def _token_units(
-    spans: TokenSpans, char_word: np.ndarray, lengths: np.ndarray, text_start: np.ndarray
-) -> np.ndarray:
+def _token_units(spans: TokenSpans, char_word: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Unit id of each token: words that one token spans are merged into one unit (global numbering)."""
     n_words = int(char_word.max()) + 1 if len(char_word) else 0
     if not len(spans.ids):
         return np.zeros(0, dtype=np.int64)
-    text_end = np.repeat(text_start + lengths, spans.counts)
+    text_end = np.repeat(np.cumsum(lengths), spans.counts)
     starts, ends = spans.starts, spans.ends
     empty = ends <= starts
     # An empty span belongs to the word at its position (the last character's at the end of a text).
@@ -202,12 +182,7 @@ def token_spans(texts: Sequence[str], tokenizer: PreTrainedTokenizerBase) -> Tok
             return spans
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and backend.truncation is None and backend.padding is None:
-        matching = backend.encode_special_tokens
-        backend.encode_special_tokens = True  # text is text: "[MASK]" in a document is no mask token
-        try:
-            encodings = backend.encode_batch(list(texts), add_special_tokens=False)
-        finally:
-            backend.encode_special_tokens = matching
+        encodings = _encode(backend.encode_batch, backend, texts)
         ids = [e.ids for e in encodings]
         offsets = [e.offsets for e in encodings]
     else:  # the public call: it switches a saved truncation/padding setting off
@@ -220,15 +195,27 @@ def token_spans(texts: Sequence[str], tokenizer: PreTrainedTokenizerBase) -> Tok
         for row, text in enumerate(texts):
             if not control.isdisjoint(ids[row]):
                 ids[row], offsets[row] = _spell_out(ids[row], offsets[row], text, backend, control)
-    counts = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat_ids = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(counts.sum()))
-    flat_offsets = np.fromiter(
-        itertools.chain.from_iterable(itertools.chain.from_iterable(offsets)),
-        dtype=np.int64,
-        count=2 * int(counts.sum()),
-    ).reshape(-1, 2)
+    flat_ids, counts = flatten(ids)
+    pairs = itertools.chain.from_iterable(itertools.chain.from_iterable(offsets))
+    flat_offsets = np.fromiter(pairs, dtype=np.int64, count=2 * len(flat_ids)).reshape(-1, 2)
     shift = np.repeat(text_start, counts)
     return TokenSpans(flat_ids, flat_offsets[:, 0] + shift, flat_offsets[:, 1] + shift, counts)
+
+
+def flatten(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ints as one ``int64`` array, and the length of each row."""
+    counts = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    return np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(counts.sum())), counts
+
+
+def _encode(encode: Any, backend: Any, texts: Sequence[str]) -> list:
+    """``encode(texts)`` of the Rust tokenizer, with text as text: "[MASK]" in a document is no mask token."""
+    matching = backend.encode_special_tokens
+    backend.encode_special_tokens = True
+    try:
+        return encode(list(texts), add_special_tokens=False)
+    finally:
+        backend.encode_special_tokens = matching
 
 
 def control_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
@@ -256,11 +243,9 @@ def _spell_out(
 
 
 def _fast_path_backend(tokenizer: PreTrainedTokenizerBase) -> Any:
-    """The Rust tokenizer, when a fast path may replace it: no saved truncation/padding, no added tokens.
-
-    Added tokens (``data.new_tokens_file``) are matched in the raw text before the model's pipeline runs: a
-    per-character or per-byte table cannot see them, so such tokenizers take the generic path.
-    """
+    """The Rust tokenizer, when a fast path may replace it: no saved truncation/padding, no added tokens
+    (matched in the raw text before the model's pipeline runs, a per-character or per-byte table cannot
+    see them)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or backend.truncation is not None or backend.padding is not None:
         return None
@@ -369,11 +354,10 @@ def _bert_spans(
     run_end = np.flatnonzero(complex_ & (~nxt | at_text_start[1:])) + 1
     runs = [joined[b:e] for b, e in zip(run_begin.tolist(), run_end.tolist(), strict=True)]
     run_tokens = table.tokenize_runs(runs)
-    n_run_tokens = np.fromiter((len(t[0]) for t in run_tokens), dtype=np.int64, count=len(run_tokens))
+    run_ids, n_run_tokens = flatten([t[0] for t in run_tokens])
     shift = np.repeat(run_begin, n_run_tokens)
-    run_ids = np.fromiter(itertools.chain.from_iterable(t[0] for t in run_tokens), dtype=np.int64)
-    run_starts = np.fromiter(itertools.chain.from_iterable(t[1] for t in run_tokens), dtype=np.int64) + shift
-    run_ends = np.fromiter(itertools.chain.from_iterable(t[2] for t in run_tokens), dtype=np.int64) + shift
+    run_starts = flatten([t[1] for t in run_tokens])[0] + shift
+    run_ends = flatten([t[2] for t in run_tokens])[0] + shift
 
     simple_pos = np.flatnonzero(classes >= 0)
     ids = np.concatenate((classes[simple_pos], run_ids))
@@ -382,12 +366,7 @@ def _bert_spans(
     order = np.argsort(starts, kind="stable")  # a run's tokens keep their order at a shared offset
     ids, starts, ends = ids[order], starts[order], ends[order]
     text_of = np.repeat(np.arange(len(lengths)), lengths)
-    counts = (
-        np.bincount(text_of[starts], minlength=len(lengths))
-        if len(starts)
-        else np.zeros(len(lengths), np.int64)
-    )
-    return TokenSpans(ids, starts, ends, counts)
+    return TokenSpans(ids, starts, ends, np.bincount(text_of[starts], minlength=len(lengths)))
 
 
 # Post-processors that leave encode()'s offsets as the model's tokens cover the text (no whitespace trimming).
@@ -437,15 +416,8 @@ class _ByteTable:
         """The batch's tokens and spans, or ``None`` when this batch needs the tokenizer's own offsets."""
         if self.nfc and not all(unicodedata.is_normalized("NFC", text) for text in texts):
             return None
-        matching = self.backend.encode_special_tokens
-        self.backend.encode_special_tokens = True  # text is text (see the module docstring)
-        try:
-            encodings = self.backend.encode_batch_fast(list(texts), add_special_tokens=False)
-        finally:
-            self.backend.encode_special_tokens = matching
-        ids = [e.ids for e in encodings]
-        counts = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        flat_ids = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(counts.sum()))
+        encodings = _encode(self.backend.encode_batch_fast, self.backend, texts)
+        flat_ids, counts = flatten([e.ids for e in encodings])
         if (len(flat_ids) and flat_ids.max() >= len(self.byte_length)) or np.isin(
             flat_ids, self.control
         ).any():
@@ -455,19 +427,14 @@ class _ByteTable:
         byte_length = self.byte_length[flat_ids]
         token_text = np.repeat(np.arange(len(counts)), counts)
         token_bytes = np.bincount(token_text, weights=byte_length, minlength=len(lengths))
-        if not np.array_equal(token_bytes, _utf8_lengths(raw, char_starts, lengths)):
+        char_byte = np.append(np.flatnonzero(char_starts), len(raw))  # byte offset of every character
+        text_bytes = np.diff(char_byte[np.append(0, np.cumsum(lengths))])
+        if not np.array_equal(token_bytes, text_bytes):
             return None
         char_of_byte = np.cumsum(char_starts) - 1
         ends = np.cumsum(byte_length)
         starts = ends - byte_length
         return TokenSpans(flat_ids, char_of_byte[starts], char_of_byte[ends - 1] + 1, counts)
-
-
-def _utf8_lengths(raw: np.ndarray, char_starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """UTF-8 bytes of each text, from the bytes of their concatenation and their lengths in characters."""
-    first_byte = np.flatnonzero(char_starts)  # byte offset of every character
-    bounds = np.append(first_byte, len(raw))[np.concatenate(([0], np.cumsum(lengths)))]
-    return np.diff(bounds)
 
 
 _BYTE_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -1,15 +1,13 @@
 """Cutting tokenized documents into model-sized blocks ``[CLS] doc [SEP] doc ... [SEP]``.
 
-How a block edge meets a word: a block ends at the last word boundary that fits, so a word is never split
-between two blocks and never half-masked. Only a single word longer than a whole block (a URL, a long
-number) is cut, and each part is then masked as a word of its own. Inside one block the word ids are
-compact (``0 .. n_words-1``, increasing along the block), so the collator can count word lengths with one
-``scatter_add`` and needs no per-token Python.
+A block ends at the last word boundary that fits, so a word is never split between two blocks and never
+half-masked; only a word longer than a whole block (a URL, a long number) is cut, each part then masked as
+a word of its own. Inside a block the word ids are compact (``0 .. n_words-1``, increasing), so the
+collator counts word lengths with one ``scatter_add``.
 
-Packing works on a whole batch at once with array operations (:func:`pack_blocks`): tokens and their unit
-ids come in flat (as :func:`mlm_adapt.text.alignment.align_words_flat` gives them), blocks go out flat with
-their offsets, ready to become Arrow list columns without a Python list per block. Only the choice of each
-block's end is a loop, one step per block of a stream longer than a block.
+:func:`pack_blocks` works on a whole batch with array operations: tokens and unit ids come in flat (from
+:func:`mlm_adapt.text.alignment.tokenize_flat`), blocks go out flat with their offsets, ready to become
+Arrow list columns. Only the choice of each block's end is a loop, one step per block of a long stream.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlm_adapt.text.tokens import SPECIAL_WORD_ID
+from mlm_adapt.text.alignment import SPECIAL_WORD_ID, flatten
 
 
 @dataclass
@@ -50,11 +48,8 @@ def _narrow(values: Sequence[int] | np.ndarray) -> np.ndarray:
 def _block_bounds(
     word_ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, capacity: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end offsets of the blocks of each stream ``[starts[i], ends[i])``, cut at word boundaries.
-
-    Greedy, as a reader would cut: each block ends at the last clean position that leaves it at most
-    ``capacity`` tokens; only a word longer than a whole block is cut inside.
-    """
+    """Start and end offsets of the blocks of each stream ``[starts[i], ends[i])``, cut greedily: each block
+    ends at the last word boundary that leaves it at most ``capacity`` tokens (inside a longer word only)."""
     short = ends - starts <= capacity
     block_starts, block_ends = [starts[short]], [ends[short]]
     long_streams = np.flatnonzero(~short)
@@ -124,19 +119,15 @@ def pack_blocks(
 ) -> PackedBlocks:
     """Turns a batch of tokenized documents into blocks ``[CLS] ... [SEP]`` of at most ``max_seq_length``.
 
-    Args:
-        ids: Token ids of all documents, concatenated (no special tokens).
-        units: The word (unit) id of each token, distinct between documents and increasing along ``ids``
-            (as :func:`~mlm_adapt.text.alignment.align_words_flat` numbers them).
-        counts: Tokens per document; documents without tokens are skipped.
-        max_seq_length: Block size including ``[CLS]`` and ``[SEP]``.
-        cls_token_id: Id that opens a block (see :func:`mlm_adapt.text.vocabulary.block_special_ids`).
-        sep_token_id: Id that closes a block and separates packed documents.
-        packing: Concatenate documents (``[SEP]`` between them) into full blocks; otherwise each document
-            becomes its own block(s). Either way a document longer than a block continues in the next
-            block: no text is dropped.
-        document_delimiters: With ``packing``, every document gets its own ``[CLS] ... [SEP]``
-            (``[CLS] d1 [SEP] [CLS] d2 [SEP]``), as it would alone: the form document attention needs.
+    ``ids`` and ``units`` are the flat tokens and unit ids of :func:`~mlm_adapt.text.alignment.tokenize_flat`
+    (no special tokens; units distinct between documents, increasing), ``counts`` the tokens per document
+    (documents without tokens are skipped). ``cls_token_id`` opens a block and ``sep_token_id`` closes it
+    and separates packed documents (:func:`mlm_adapt.text.tokenizer.block_special_ids`).
+
+    ``packing`` concatenates documents (``[SEP]`` between them) into full blocks, else each document becomes
+    its own block(s); either way a document longer than a block continues in the next one: no text is
+    dropped. With ``document_delimiters`` every packed document gets its own ``[CLS] ... [SEP]``, as it
+    would alone: the form document attention needs.
     """
     capacity = max_seq_length - 2
     if capacity < 1:
@@ -158,15 +149,9 @@ def pack_blocks(
     lo, hi = _block_bounds(stream_words, starts, ends, capacity)
     # Document separators at a block edge would double up with the block's [CLS]/[SEP]; drop them.
     separator_at = np.append(stream_words == SPECIAL_WORD_ID, False)
-    while True:
-        step = (lo < hi) & separator_at[lo]
-        if not step.any():
-            break
+    while (step := (lo < hi) & separator_at[lo]).any():
         lo = lo + step
-    while True:
-        step = (hi > lo) & separator_at[np.maximum(hi - 1, 0)]
-        if not step.any():
-            break
+    while (step := (hi > lo) & separator_at[np.maximum(hi - 1, 0)]).any():
         hi = hi - step
     kept = hi > lo
     lo, hi = lo[kept], hi[kept]
@@ -195,22 +180,12 @@ def build_blocks(
 ) -> dict[str, list[list[int]]]:
     """:func:`pack_blocks` for per-document lists, as :func:`tokenize_with_word_ids` gives them.
 
-    Args:
-        input_ids: Token ids per document (no special tokens).
-        word_ids: Word id per token, as from :func:`tokenize_with_word_ids` (``>= 0``, increasing).
-        max_seq_length: Block size including ``[CLS]`` and ``[SEP]``.
-        cls_token_id: Id that opens a block: the tokenizer's ``cls`` (``<s>`` for XLM-R), else its ``bos``
-            (see :func:`mlm_adapt.text.vocabulary.block_special_ids`).
-        sep_token_id: Id that closes a block and separates packed documents: ``sep``, else ``eos``.
-        packing: See :func:`pack_blocks`.
-        document_delimiters: See :func:`pack_blocks`.
-
-    Returns:
-        ``{"input_ids": [...], "word_ids": [...]}`` with compact word ids per block.
+    ``input_ids`` are the token ids per document (no special tokens), ``word_ids`` their word ids (``>= 0``,
+    increasing along each document); the other arguments are :func:`pack_blocks`'. Returns
+    ``{"input_ids": [...], "word_ids": [...]}`` with compact word ids per block.
     """
-    counts = np.fromiter(map(len, input_ids), dtype=np.int64, count=len(input_ids))
-    ids = np.fromiter((t for doc in input_ids for t in doc), dtype=np.int64, count=int(counts.sum()))
-    words = np.fromiter((w for doc in word_ids for w in doc), dtype=np.int64, count=int(counts.sum()))
+    ids, counts = flatten(input_ids)
+    words = flatten(word_ids)[0]
     present = counts > 0
     if present.any():
         # Offset each document's ids past the previous document's, so no two documents share an id.

@@ -23,12 +23,8 @@ BUILDERS = {
 
 
 def expand_files(patterns: list[str] | str, key: str) -> list[str]:
-    """Expands paths and globs in order, failing on any that matches nothing.
-
-    Args:
-        patterns: Paths or glob patterns.
-        key: The config key they came from, for the error message.
-    """
+    """Expands paths and globs (``patterns``, from the config key ``key``) in order, failing on any that
+    matches nothing."""
     if isinstance(patterns, str):
         patterns = [patterns]
     files: list[str] = []
@@ -52,17 +48,6 @@ def expand_files(patterns: list[str] | str, key: str) -> list[str]:
     return files
 
 
-def _first_non_utf8_line(path: str) -> tuple[int, bytes] | None:
-    """The 1-based number and bytes of the first line of ``path`` that is not UTF-8, or ``None``."""
-    with open(path, "rb") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            try:
-                line.decode("utf-8")
-            except UnicodeDecodeError:
-                return lineno, line
-    return None
-
-
 def encoding_error(path: str, key: str) -> MLMAdaptError | None:
     """The one-line error for a file that is not UTF-8 text, with the fix for what it is; ``None`` if it is.
 
@@ -79,16 +64,21 @@ def encoding_error(path: str, key: str) -> MLMAdaptError | None:
         )
     if b"\x00" in head:
         return MLMAdaptError(f"{key}: {path} is not a text file (it holds NUL bytes); give UTF-8 text files")
-    found = _first_non_utf8_line(path)
-    if found is None:
-        return None
-    lineno, line = found
-    try:
-        line.decode("gb18030")
-        hint = f"convert it, e.g. iconv -f GB18030 -t UTF-8 {path} > {converted}"
-    except UnicodeDecodeError:
-        hint = f"find its encoding (e.g. file -i {path}) and convert it with iconv -f ENCODING -t UTF-8"
-    return MLMAdaptError(f"{key}: {path} line {lineno} is not UTF-8; {hint}")
+    with open(path, "rb") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                try:
+                    line.decode("gb18030")
+                    hint = f"convert it, e.g. iconv -f GB18030 -t UTF-8 {path} > {converted}"
+                except UnicodeDecodeError:
+                    hint = (
+                        f"find its encoding (e.g. file -i {path}) and convert it with "
+                        "iconv -f ENCODING -t UTF-8"
+                    )
+                return MLMAdaptError(f"{key}: {path} line {lineno} is not UTF-8; {hint}")
+    return None
 
 
 def json_error(path: str, key: str) -> MLMAdaptError | None:
@@ -117,11 +107,8 @@ def json_error(path: str, key: str) -> MLMAdaptError | None:
 
 
 def file_error(files: list[str], key: str) -> MLMAdaptError | None:
-    """Why ``datasets`` could not read ``files``: the first not-UTF-8 or malformed JSON line, if any.
-
-    Called after a read failed (the scan reads the files once), since ``datasets`` reports neither the file
-    nor the line.
-    """
+    """Why ``datasets`` could not read ``files`` (it names neither the file nor the line): the first
+    not-UTF-8 or malformed JSON line, if any. Called after a read failed: the scan reads the files once."""
     for file in files:
         error = encoding_error(file, key)
         if error is None and BUILDERS.get(Path(file).suffix.lower()) == "json":
@@ -145,10 +132,8 @@ def builder_options(builder: str) -> dict[str, int]:
 
 
 def empty_file_error(files: list[str], key: str) -> MLMAdaptError | None:
-    """The one-line error for the first of ``files`` that is empty (or holds only whitespace), if any.
-
-    ``datasets`` reports such a file as a generation error, or with an empty reason.
-    """
+    """The one-line error for the first of ``files`` that is empty (or holds only whitespace), if any:
+    ``datasets`` reports such a file as a generation error, or with an empty reason."""
     for file in files:
         size = Path(file).stat().st_size
         if size == 0 or (size <= _SMALL_FILE and not Path(file).read_bytes().strip()):

@@ -2,25 +2,13 @@
 
 Whole-word masking needs, for every text, words that concatenate back to it exactly
 (``"".join(words) == text``): they are aligned to the tokenizer's own tokens by character position
-(:mod:`mlm_adapt.text.alignment`). Read top to bottom:
-
-- :class:`WordSegmenter`: the protocol, one method ``segment(texts)``. A segmenter subclasses nothing;
-  ``data.segmenter`` takes the ``class_path``/``init_args`` of any class with it (``docs/segmenters.md``),
-  built by jsonargparse. :func:`restore_whitespace` repairs segmenters that drop whitespace.
-- :class:`Segmenter`: jieba's dictionary with two interchangeable backends, ``rjieba`` (Rust, the
-  default) and ``jieba`` (pure Python), with identical words when the HMM is off.
-- :class:`ThulacSegmenter`, :class:`SnownlpSegmenter`, :class:`PkusegSegmenter`: the other built-ins
-  (the ``segmenters`` extra), importing their package and loading their model on first use.
-- :class:`Segmentation`: ``data.segmenter`` resolved (a built-in name, a ``class_path`` mapping or an
-  instance), optionally through an OpenCC copy (:mod:`mlm_adapt.text.chinese_variants`), with every batch
-  checked: a segmenter that raises, exits, returns the wrong number of word lists or words that do not
-  join back stops preprocessing with one line naming it and the first offending text.
+(:mod:`mlm_adapt.text.alignment`). Any class with ``segment(texts)`` is a segmenter (:class:`WordSegmenter`,
+``docs/segmenters.md``); :class:`Segmentation` builds and checks the configured one.
 
 Segmenters are pickled to the DataLoader workers of streamed corpora and hashed into the blocks' cache
 fingerprint (the preprocessing workers are forked and inherit them), so none pickles a loaded model: the
 jieba backends and the built-ins build theirs once per process, and a ``class_path`` segmenter is rebuilt
-from its init args in each worker (its pickled state is the built-in name or the class path with its init
-args, the jieba options and the OpenCC configuration).
+from its init args in each worker.
 """
 
 from __future__ import annotations
@@ -28,27 +16,25 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import rjieba
 from jsonargparse import ArgumentError, ArgumentParser
 
 from mlm_adapt.errors import Interrupted, MLMAdaptError, Stopped, exception_line, raised
-from mlm_adapt.text.chinese_variants import ChineseConverter, split_like
 
 
 @runtime_checkable
 class WordSegmenter(Protocol):
-    """Maps a batch of texts (``list[str]``) to their words (``list[list[str]]``).
-
-    The words of each text must join back to it (``"".join(words) == text``), whitespace included; a
-    segmenter is called from worker processes (streamed corpora pickle it to them), so it must pickle (load
-    models lazily, on first use, and leave them out of the pickled state).
-    """
+    """Maps a batch of texts (``list[str]``) to their words (``list[list[str]]``), which must join back to
+    each text, whitespace included. It must pickle (streamed corpora send it to worker processes): load
+    models lazily, on first use, and leave them out of the pickled state."""
 
     # ``Any`` and positional-only: jsonargparse accepts a class for this protocol only when its parameter
     # types equal the protocol's, unless the protocol's are ``Any``, and its names too unless positional
@@ -87,6 +73,7 @@ def restore_whitespace(text: str, words: list[str]) -> list[str] | None:
 
 
 SegmenterBackend = Literal["rjieba", "jieba"]
+JIEBA_BACKENDS = get_args(SegmenterBackend)
 
 # rjieba keeps frequencies (and their total) in 64-bit integers; far below that, any word already wins.
 MAX_FREQUENCY = 10**12
@@ -95,10 +82,9 @@ MAX_FREQUENCY = 10**12
 def jieba_cache_dir() -> Path:
     """jieba's prefix-dictionary cache dir: ``$MLM_ADAPT_JIEBA_CACHE`` or ``~/.cache/mlm_adapt/jieba``.
 
-    jieba's default is ``jieba.cache`` in the system temp directory, shared by every user of a node: a file
-    left there by another user cannot be replaced (every process then rebuilds the dictionary) and would be
-    unmarshalled without question. A private directory, written once per node by ``prepare_data`` (jieba
-    writes it atomically), lets every rank and worker just load it.
+    jieba's default, in the system temp directory, is shared by every user of a node: a file left there by
+    another user cannot be replaced (every process then rebuilds the dictionary) and would be unmarshalled
+    without question. A private one, written once per node by ``prepare_data``, lets every rank just load it.
     """
     path = Path(os.environ.get("MLM_ADAPT_JIEBA_CACHE") or Path.home() / ".cache" / "mlm_adapt" / "jieba")
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -106,14 +92,8 @@ def jieba_cache_dir() -> Path:
 
 
 def read_user_dict(path: str | Path) -> list[tuple[str, int | None, str | None]]:
-    """Parses a jieba user dictionary: one ``word [freq] [tag]`` entry per line.
-
-    Args:
-        path: The dictionary file (UTF-8).
-
-    Returns:
-        ``(word, freq, tag)`` triples; ``freq`` and ``tag`` are ``None`` when the line omits them.
-    """
+    """Parses a jieba user dictionary (UTF-8, ``word [freq] [tag]`` per line) into ``(word, freq, tag)``
+    triples, ``None`` for what a line omits."""
     path = Path(path)
     if not path.is_file():
         raise MLMAdaptError(f"data.user_dict: {path} does not exist; give a jieba dictionary file or null")
@@ -128,7 +108,7 @@ def read_user_dict(path: str | Path) -> list[tuple[str, int | None, str | None]]
         if not line:
             continue
         parts = line.split()
-        word, freq, tag = parts[0], None, None
+        word, freq, tag = parts[0], None, parts[2] if len(parts) > 2 else None
         if len(parts) > 1:
             if not parts[1].isdigit():
                 raise MLMAdaptError(
@@ -141,8 +121,6 @@ def read_user_dict(path: str | Path) -> list[tuple[str, int | None, str | None]]
                     f"data.user_dict: {path} line {lineno}: frequency {parts[1]} is too large; use at most "
                     f"{MAX_FREQUENCY} (jieba's own dictionary tops out below 10^6)"
                 )
-        if len(parts) > 2:
-            tag = parts[2]
         entries.append((word, freq, tag))
     return entries
 
@@ -158,7 +136,7 @@ class Segmenter:
     """
 
     def __init__(self, backend: SegmenterBackend = "rjieba", hmm: bool = False, user_dict: str | None = None):
-        if backend not in ("rjieba", "jieba"):
+        if backend not in JIEBA_BACKENDS:
             raise MLMAdaptError(f"data.segmenter: unknown backend {backend!r}; use 'rjieba' or 'jieba'")
         self.backend = backend
         self.hmm = hmm
@@ -169,25 +147,22 @@ class Segmenter:
         self._impl = None
 
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_impl"] = None
-        return state
+        return {**self.__dict__, "_impl": None}
 
     def _build(self):
         if self.backend == "rjieba":
             impl = rjieba.Jieba()
-            for word, freq, tag in self._entries:
-                impl.add_word(word, freq, tag)
-            return impl.cut  # called directly per text: the hot path of preprocessing
-        import jieba  # noqa: PLC0415 (the reference backend: a slow import, only when chosen)
+        else:
+            import jieba  # noqa: PLC0415 (the reference backend: a slow import, only when chosen)
 
-        jieba.setLogLevel(logging.WARNING)
-        impl = jieba.Tokenizer()
-        impl.tmp_dir = str(jieba_cache_dir())
-        impl.initialize()
+            jieba.setLogLevel(logging.WARNING)
+            impl = jieba.Tokenizer()
+            impl.tmp_dir = str(jieba_cache_dir())
+            impl.initialize()
         for word, freq, tag in self._entries:
             impl.add_word(word, freq, tag)
-        return lambda text, hmm: impl.lcut(text, HMM=hmm)
+        # rjieba's cut is called directly per text: the hot path of preprocessing.
+        return impl.cut if self.backend == "rjieba" else lambda text, hmm: impl.lcut(text, HMM=hmm)
 
     def __call__(self, text: str) -> list[str]:
         """Returns the words of ``text`` in order; joined they give ``text`` back."""
@@ -210,6 +185,7 @@ EXTRA_HINT = "install it with: pip install 'mlm_adapt[segmenters]'"
 class _LazyModel:
     """A built-in segmenter whose package and model load on first use, left out of the pickled state.
 
+    A subclass names its ``package`` and defines ``_load`` (the model) and ``_cut`` (one text's words).
     THULAC and snownlp ship their models; pkuseg and snownlp drop whitespace, which comes back through
     :func:`restore_whitespace`. Measured speeds: ``docs/segmenters.md``.
     """
@@ -222,13 +198,8 @@ class _LazyModel:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_model": None}
 
-    def _load(self) -> Any:
-        raise NotImplementedError
-
-    def _cut(self, text: str) -> list[str]:
-        raise NotImplementedError
-
-    def _ensure_model(self) -> Any:
+    def segment(self, texts: list[str]) -> list[list[str]]:
+        """The words of each text; whitespace the model dropped comes back as words of its own."""
         if self._model is None:
             try:
                 self._model = self._load()
@@ -236,11 +207,6 @@ class _LazyModel:
                 raise MLMAdaptError(
                     f"data.segmenter: {type(self).__name__} needs the {self.package} package; {EXTRA_HINT}"
                 ) from None
-        return self._model
-
-    def segment(self, texts: list[str]) -> list[list[str]]:
-        """The words of each text; whitespace the model dropped comes back as words of its own."""
-        self._ensure_model()
         result = []
         for text in texts:
             words = self._cut(text) if text.strip() else []
@@ -290,10 +256,8 @@ class SnownlpSegmenter(_LazyModel):
 class PkusegSegmenter(_LazyModel):
     """pkuseg (Peking University) through ``spacy-pkuseg``, from a model directory already on disk.
 
-    spacy-pkuseg ships no model and downloads a named one (``spacy_ontonotes``, ``medicine``, ``web``...)
-    from GitHub on first use; mlm_adapt never downloads at run time. Download the model once (or train one
-    with ``spacy_pkuseg.train``) and give its directory, or its name when it is already in ``$PKUSEG_HOME``
-    (``~/.pkuseg``).
+    spacy-pkuseg ships no model and would download one on first use; mlm_adapt never downloads at run time:
+    download it once (or train one with ``spacy_pkuseg.train``) and give its directory.
 
     Args:
         model: A directory holding ``weights.npz`` and ``features.msgpack``/``features.pkl``, or the name of
@@ -337,24 +301,80 @@ class PkusegSegmenter(_LazyModel):
         return self._model.cut(text)
 
 
+OpenCCConfig = Literal["t2s", "tw2s", "hk2s"]
+OPENCC_CONFIGS: tuple[str, ...] = get_args(OpenCCConfig)
+
+
+class ChineseConverter:
+    """``data.opencc``: the Simplified copy of Traditional text that the segmenter sees.
+
+    jieba's dictionary (and most segmenters' models) is Simplified: on Taiwan or Hong Kong text it splits
+    most words into characters. The word boundaries found in the copy are mapped back to the original text
+    by character position, so the training text, tokens and exports stay Traditional. OpenCC's character
+    tables keep every character in place; a phrase that changes length (網際網路 -> 互联网 under ``tw2sp``)
+    does not, so such a text is converted character by character instead (losing the phrase context).
+    ``config``: ``t2s`` (Traditional), ``tw2s`` (Taiwan) or ``hk2s`` (Hong Kong) to Simplified.
+    """
+
+    def __init__(self, config: str) -> None:
+        if config not in OPENCC_CONFIGS:
+            raise MLMAdaptError(
+                f"data.opencc: unknown OpenCC configuration {config!r}; use one of "
+                f"{', '.join(OPENCC_CONFIGS)} (to Simplified) or null"
+            )
+        self.config = config
+        self._opencc: Any = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_opencc": None}
+
+    def _converter(self) -> Any:
+        if self._opencc is None:
+            try:
+                import opencc  # noqa: PLC0415 (optional dependency, only with data.opencc)
+            except ImportError:
+                raise MLMAdaptError(f"data.opencc needs the opencc package; {EXTRA_HINT}") from None
+            try:
+                self._opencc = opencc.OpenCC(self.config)
+            except RuntimeError as exc:  # the configuration file is missing from the installed package
+                raise MLMAdaptError(f"data.opencc: OpenCC cannot load {self.config!r}: {exc}") from None
+        return self._opencc
+
+    def convert(self, text: str) -> str:
+        """``text`` converted, character for character (same length, same positions)."""
+        converter = self._converter()
+        converted = converter.convert(text)
+        if len(converted) == len(text):
+            return converted
+        return "".join(_char_conversion(converter, ch) for ch in text)
+
+
+@lru_cache(maxsize=65536)
+def _char_conversion(converter: Any, ch: str) -> str:
+    converted = converter.convert(ch)
+    return converted if len(converted) == 1 else ch
+
+
+def split_like(text: str, words: list[str]) -> list[str]:
+    """``text`` cut at the same positions as ``words`` (words of a same-length converted copy)."""
+    bounds = [0, *itertools.accumulate(map(len, words))]
+    return [text[start:end] for start, end in itertools.pairwise(bounds)]
+
+
 BuiltinSegmenter = Literal["rjieba", "jieba", "thulac", "snownlp", "pkuseg"]
-JIEBA_BACKENDS = ("rjieba", "jieba")
-BUILTIN_CLASSES: dict[str, type[_LazyModel]] = {
-    "thulac": ThulacSegmenter,
-    "snownlp": SnownlpSegmenter,
-    "pkuseg": PkusegSegmenter,
-}
-BUILTIN_NAMES = (*JIEBA_BACKENDS, *BUILTIN_CLASSES)
+BUILTIN_NAMES = get_args(BuiltinSegmenter)
+BUILTIN_CLASSES = {"thulac": ThulacSegmenter, "snownlp": SnownlpSegmenter, "pkuseg": PkusegSegmenter}
 _PLAIN = (str, int, float, bool, type(None))
+_NO_SEGMENT = (
+    "has no segment(texts) method; a segmenter maps a list of texts to a list of word lists "
+    "(see docs/segmenters.md)"
+)
 
 
 def _from_class_path(spec: Mapping[str, Any]) -> Any:
-    """The segmenter a ``{"class_path", "init_args"}`` mapping names, built as the CLI builds it.
-
-    The same jsonargparse resolution as LightningCLI's (import, protocol check, init args against the
-    signature), so a mapping given in Python, or rebuilt in a worker from the hyperparameters, behaves as on
-    the command line; its multi-line report becomes one line here.
-    """
+    """The segmenter a ``{"class_path", "init_args"}`` mapping names, built by LightningCLI's jsonargparse
+    resolution (import, protocol check, init args against the signature), so a mapping given in Python or
+    rebuilt in a worker behaves as on the command line; its multi-line report becomes one line here."""
     name, init_args = spec["class_path"], dict(spec.get("init_args") or {})
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--segmenter", type=WordSegmenter)
@@ -368,10 +388,7 @@ def _from_class_path(spec: Mapping[str, Any]) -> Any:
         cause = chain[-1]
         reason = exception_line(cause)
         if "does not implement protocol" in reason:
-            raise MLMAdaptError(
-                f"data.segmenter: {name} has no segment(texts) method; a segmenter maps a list of texts "
-                "to a list of word lists (see docs/segmenters.md)"
-            ) from None
+            raise MLMAdaptError(f"data.segmenter: {name} {_NO_SEGMENT}") from None
         if isinstance(cause, ImportError | AttributeError) or "import path" in reason:
             raise MLMAdaptError(
                 f"data.segmenter: cannot import class_path {name!r} ({reason}); give an importable class "
@@ -392,20 +409,14 @@ def _from_class_path(spec: Mapping[str, Any]) -> Any:
 
 
 def _describe(segmenter: Any) -> Any:
-    """A config value for ``segmenter``: its name, or ``{"class_path", "init_args"}`` of plain values.
-
-    An instance is described by its class and its public attributes of plain types (what a segmenter
-    usually keeps of its init args): the form that hyperparameters, checkpoints and the resume check keep.
-    """
+    """A config value for ``segmenter`` (the form hyperparameters, checkpoints and the resume check keep):
+    its name, or ``{"class_path", "init_args"}`` with an instance's public attributes of plain types (what a
+    segmenter usually keeps of its init args)."""
     if isinstance(segmenter, str | Mapping):
         return dict(segmenter) if isinstance(segmenter, Mapping) else segmenter
     cls = type(segmenter)
     args = {k: v for k, v in vars(segmenter).items() if not k.startswith("_") and isinstance(v, _PLAIN)}
     return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": args}
-
-
-def _short(text: str, limit: int = 60) -> str:
-    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 def _as_list(words: Any) -> list:
@@ -418,6 +429,9 @@ def _as_list(words: Any) -> list:
 
 class Segmentation:
     """The configured word segmenter with the join-back check (and optional OpenCC conversion).
+
+    A segmenter that raises, exits, returns the wrong number of word lists or words that do not join back
+    stops preprocessing with one line naming it and the first offending text.
 
     Args:
         segmenter: A built-in name, a ``{"class_path": ..., "init_args": {...}}`` mapping or a
@@ -460,10 +474,7 @@ class Segmentation:
         # Built now, so a bad class path or init args fail at startup, before any preprocessing.
         self._segmenter: Any = self._build() if given else segmenter
         if not callable(getattr(self._segmenter, "segment", None)):
-            raise MLMAdaptError(
-                f"data.segmenter: {self.name} has no segment(texts) method; a segmenter maps a list of texts "
-                "to a list of word lists (see docs/segmenters.md)"
-            )
+            raise MLMAdaptError(f"data.segmenter: {self.name} {_NO_SEGMENT}")
 
     def _build(self) -> Any:
         if self.name in JIEBA_BACKENDS:
@@ -495,7 +506,8 @@ class Segmentation:
         return self.segment([text])[0]
 
     def _fail(self, problem: str, text: str, hint: str) -> MLMAdaptError:
-        return MLMAdaptError(f"data.segmenter: {self.name} {problem} on the text {_short(text)}; {hint}")
+        short = repr(text if len(text) <= 60 else text[:60] + "…")
+        return MLMAdaptError(f"data.segmenter: {self.name} {problem} on the text {short}; {hint}")
 
     def _run(self, texts: list[str]) -> list[list[str]]:
         try:

@@ -2,7 +2,7 @@
 
 Exact mid-epoch resume has three parts. The data position is restored by torchdata's
 ``StatefulDataLoader`` (its ``state_dict`` rides in Lightning checkpoints, see ``MLMDataModule``); the
-masks are a pure hash of ``(seed, epoch, example_id)`` (see ``mlm_adapt.masking.hashing``); and the remaining
+masks are a pure hash of ``(seed, epoch, example_id)`` (see ``mlm_adapt.masking.collator``); and the remaining
 randomness -- dropout -- is reseeded here before every training batch from
 ``(seed, epoch, batch_idx, rank)``, so it does not depend on how many random numbers the process drew
 before (validation loaders, a fresh dataloader iterator after a restart, ...).

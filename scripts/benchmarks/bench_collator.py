@@ -25,9 +25,9 @@ from _bench_common import interleaved_ms, machine, reviews, table, tiny_model  #
 from transformers import AutoTokenizer, DataCollatorForLanguageModeling  # noqa: E402
 
 from mlm_adapt.masking import WholeWordMaskCollator  # noqa: E402
+from mlm_adapt.text.alignment import tokenize_with_word_ids  # noqa: E402
 from mlm_adapt.text.blocks import build_blocks
 from mlm_adapt.text.segmentation import Segmenter  # noqa: E402
-from mlm_adapt.text.tokens import tokenize_with_word_ids  # noqa: E402
 
 
 def hf_features(texts: list[str], tokenizer, max_length: int, padded_length: int, packed: bool) -> list[dict]:

@@ -107,8 +107,8 @@ def per_core(texts, directories: dict[str, Path], rounds: int) -> list[list[obje
     import jieba
     from transformers import AutoTokenizer
 
+    from mlm_adapt.text.alignment import tokenize_with_word_ids
     from mlm_adapt.text.segmentation import Segmenter
-    from mlm_adapt.text.tokens import tokenize_with_word_ids
 
     jieba.setLogLevel(60)
     jieba_tok = jieba.Tokenizer()
@@ -161,8 +161,8 @@ def per_core(texts, directories: dict[str, Path], rounds: int) -> list[list[obje
 
 def identical(texts, tokenizers: dict) -> list[list[object]]:
     """Fraction of lines whose training ids equal ``tokenizer(line, add_special_tokens=False)``."""
+    from mlm_adapt.text.alignment import tokenize_with_word_ids
     from mlm_adapt.text.segmentation import Segmenter
-    from mlm_adapt.text.tokens import tokenize_with_word_ids
 
     seg = Segmenter("rjieba")
     rows = []

@@ -8,7 +8,8 @@ tokenizers trained offline on the reviews, as the tests build them), one run mea
 - **tokenizer alone**: the fast tokenizer with offsets (``add_special_tokens=False``) in batches of 1,000,
   a fresh tokenizer per pass (cold caches);
 - **map function alone**: mlm_adapt's segment + tokenize + word alignment
-  (:func:`mlm_adapt.text.tokens.tokenize_with_word_ids`) in batches of 1,000, fresh tokenizer and segmenter;
+  (:func:`mlm_adapt.text.alignment.tokenize_with_word_ids`) in batches of 1,000, fresh tokenizer and
+  segmenter;
 - **the whole command**: ``python -m mlm_adapt prepare`` in a fresh process with 1 and with N processes
   (``data.preprocessing_num_workers``): the sum of its own phase lines (loading to the last shard written)
   and the process's wall time (imports included).
@@ -101,8 +102,8 @@ def time_tokenizer(texts: list[str], model: Path) -> float:
 def time_map_function(texts: list[str], model: Path) -> float:
     from transformers import AutoTokenizer
 
+    from mlm_adapt.text.alignment import tokenize_with_word_ids
     from mlm_adapt.text.segmentation import Segmentation
-    from mlm_adapt.text.tokens import tokenize_with_word_ids
 
     start = time.perf_counter()
     tokenizer, segmenter = AutoTokenizer.from_pretrained(model), Segmentation("rjieba")

@@ -18,9 +18,8 @@ from mlm_adapt.cli.commands import main
 from mlm_adapt.data.validation_sets import overlap_messages
 from mlm_adapt.downstream import load_task
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.alignment import control_ids
+from mlm_adapt.text.alignment import control_ids, tokenize_with_word_ids
 from mlm_adapt.text.segmentation import Segmenter, read_user_dict
-from mlm_adapt.text.tokens import tokenize_with_word_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from families import FAMILIES, family_dir  # noqa: E402

@@ -20,7 +20,7 @@ from mlm_adapt.data.replay import (
     replayed_slots,
 )
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.masking.hashing import example_keys
+from mlm_adapt.masking.collator import example_keys
 
 
 @pytest.fixture

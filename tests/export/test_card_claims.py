@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mlm_adapt.export.card import ExportInfo, render_model_card
-from mlm_adapt.masking.units import SCHEME_DESCRIPTIONS
+from mlm_adapt.masking.collator import SCHEME_DESCRIPTIONS
 
 
 def _card(**data) -> str:

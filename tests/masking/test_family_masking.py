@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 from mlm_adapt.data.preprocess import to_blocks
 from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.text.segmentation import Segmenter
-from mlm_adapt.text.vocabulary import ordinary_token_ids
+from mlm_adapt.text.tokenizer import ordinary_token_ids
 
 FAMILIES = ("bert", "xlmr", "albert", "deberta", "modernbert")
 MIXED = ["iPhone 6s手机１０块，", "2012年买的Kindle，", "ＵＳＢ接口～～", "WiFi信号很好 ", "看了3遍"]

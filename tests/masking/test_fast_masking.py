@@ -10,11 +10,10 @@ import pytest
 import torch
 
 from mlm_adapt.masking import WholeWordMaskCollator
-from mlm_adapt.masking.hashing import example_keys
-from mlm_adapt.masking.sampler import whole_word_mask
+from mlm_adapt.masking.collator import example_keys, whole_word_mask
+from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import build_blocks
 from mlm_adapt.text.segmentation import Segmenter
-from mlm_adapt.text.tokens import tokenize_with_word_ids
 
 _M32 = 0xFFFFFFFF
 

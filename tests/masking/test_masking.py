@@ -8,11 +8,11 @@ from hypothesis import strategies as st
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import WholeWordMaskCollator
-from mlm_adapt.masking.hashing import mix32
+from mlm_adapt.masking.collator import mix32
+from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import build_blocks
 from mlm_adapt.text.segmentation import Segmenter
-from mlm_adapt.text.tokens import tokenize_with_word_ids
-from mlm_adapt.text.vocabulary import ordinary_token_ids
+from mlm_adapt.text.tokenizer import ordinary_token_ids
 
 
 def lowbias32_reference(x: int) -> int:

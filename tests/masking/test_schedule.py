@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.masking.schedule import parse_schedule
-from mlm_adapt.text.vocabulary import ordinary_token_ids
+from mlm_adapt.text.tokenizer import ordinary_token_ids
 
 CHINESE_MODERNBERT = [[0.0, 0.15], [0.06, 0.30], [1.0, 0.15]]
 

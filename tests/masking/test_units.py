@@ -7,8 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlm_adapt.masking import WholeWordMaskCollator
-from mlm_adapt.masking.hashing import example_keys
-from mlm_adapt.masking.units import NGRAM_PROBABILITIES, masking_units, ngram_units, token_units
+from mlm_adapt.masking.collator import (
+    NGRAM_PROBABILITIES,
+    example_keys,
+    masking_units,
+    ngram_units,
+    token_units,
+)
 
 
 def _word_rows(draw_lengths: list[list[int]], pad_to: int) -> torch.Tensor:
@@ -64,9 +69,9 @@ def test_token_units_make_every_token_its_own_unit():
 
 
 def _features(tokenizer, review_texts, n=400):
+    from mlm_adapt.text.alignment import tokenize_with_word_ids
     from mlm_adapt.text.blocks import build_blocks
     from mlm_adapt.text.segmentation import Segmenter
-    from mlm_adapt.text.tokens import tokenize_with_word_ids
 
     tokens = tokenize_with_word_ids(review_texts[:n], tokenizer, Segmenter("rjieba"))
     blocks = build_blocks(

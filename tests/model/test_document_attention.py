@@ -13,10 +13,10 @@ from transformers import AutoTokenizer
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.model import MaskedLMModule
+from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import build_blocks
 from mlm_adapt.text.segmentation import Segmenter
-from mlm_adapt.text.tokens import tokenize_with_word_ids
-from mlm_adapt.text.vocabulary import block_special_ids
+from mlm_adapt.text.tokenizer import block_special_ids
 
 SUPPORTED = ("bert", "electra", "xlmr", "albert", "modernbert")
 BLOCK = 96

@@ -8,9 +8,9 @@ from transformers import BertConfig, BertLMHeadModel, GPT2Config, GPT2LMHeadMode
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.model import MaskedLMModule
+from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import build_blocks
 from mlm_adapt.text.segmentation import Segmenter
-from mlm_adapt.text.tokens import tokenize_with_word_ids
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ from conftest import make_datamodule, quiet_trainer
 from mlm_adapt.data.samplers import EpochSampler, KeyedDataset, LengthGroupedEpochSampler
 from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.model import MaskedLMModule
+from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import build_blocks
 from mlm_adapt.text.segmentation import Segmenter
-from mlm_adapt.text.tokens import tokenize_with_word_ids
 
 
 @pytest.fixture(scope="module")

@@ -49,8 +49,8 @@ def test_one_wrong_token_makes_the_word_wrong():
 def test_validation_step_logs_word_accuracy(tiny_model_dir, tokenizer, review_texts):
     from mlm_adapt.masking import WholeWordMaskCollator
     from mlm_adapt.model import MaskedLMModule
+    from mlm_adapt.text.alignment import tokenize_with_word_ids
     from mlm_adapt.text.segmentation import Segmenter
-    from mlm_adapt.text.tokens import tokenize_with_word_ids
 
     module = MaskedLMModule(str(tiny_model_dir), max_seq_length=128).eval()
     encoded = tokenize_with_word_ids(review_texts[:8], tokenizer, Segmenter("rjieba"))

@@ -19,9 +19,8 @@ from hypothesis import strategies as st
 from tokenizers import normalizers, processors
 from transformers import AutoTokenizer
 
-from mlm_adapt.text.alignment import _byte_table, bert_wordpiece, token_spans
+from mlm_adapt.text.alignment import _byte_table, bert_wordpiece, token_spans, tokenize_with_word_ids
 from mlm_adapt.text.segmentation import Segmenter
-from mlm_adapt.text.tokens import tokenize_with_word_ids
 
 TOKENIZERS = ("bert", "xlmr", "albert", "deberta", "modernbert")
 EDGE_CASES = [

