@@ -10,9 +10,7 @@ from mlm_adapt.data.progress import Progress
 from mlm_adapt.data.replay import replay_summary
 from mlm_adapt.export.callback import HFExport, hparams_inputs
 from mlm_adapt.export.card import ExportInfo, val_metrics_at
-from mlm_adapt.export.hub import check_hub_access, push_folder
-from mlm_adapt.export.options import ExportOptions
-from mlm_adapt.export.writer import write_export
+from mlm_adapt.export.writer import ExportOptions, check_hub_access, push_folder, write_export
 from mlm_adapt.guard.outputs import Output, check_output
 from mlm_adapt.model.checkpoints import (
     callback_state,
@@ -41,9 +39,8 @@ def export_checkpoint(
 ) -> ExportResult:
     """Writes a checkpoint of ``fit`` as a Hugging Face directory (and optionally pushes it to the Hub).
 
-    Takes any checkpoint the trainer wrote: a ``.ckpt`` file (single device, DDP, FSDP full) or an FSDP
-    sharded checkpoint directory (consolidated here). The card's before/after metrics, corpus statistics and
-    config come from what the run stored in the checkpoint (the module's baseline, ``HFExport``'s state).
+    The card's before/after metrics, corpus statistics and config come from what the run stored in the
+    checkpoint (the module's baseline, ``HFExport``'s state).
 
     Args:
         ckpt_path: Checkpoint file or FSDP sharded checkpoint directory.

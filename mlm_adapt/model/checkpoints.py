@@ -22,42 +22,42 @@ from mlm_adapt.model.module import NEW_TOKENS_KEY, MaskedLMModule
 from mlm_adapt.text.tokenizer import extend_tokenizer, load_tokenizer
 
 
+def _checkpoint_path(path: str | Path, key: str) -> tuple[Path, bool]:
+    """``path`` and whether it is an FSDP sharded checkpoint directory; one line if it is neither that nor
+    a file (a DeepSpeed directory gets its conversion)."""
+    path = Path(path)
+    if not path.exists():
+        raise MLMAdaptError(f"{key}: {path} does not exist; give a .ckpt file the trainer wrote")
+    if not path.is_dir():
+        return path, False
+    if is_sharded_checkpoint(path):
+        return path, True
+    if (path / "latest").is_file() or (path / "checkpoint").is_dir():
+        raise MLMAdaptError(
+            f"{key}: {path} is a DeepSpeed checkpoint; make it one file first with lightning.pytorch."
+            "utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict(DIR, FILE.ckpt)"
+        )
+    raise MLMAdaptError(
+        f"{key}: {path} is a directory but neither a checkpoint (no .metadata: not FSDP shards) nor, "
+        "having no config.json, a Hugging Face model directory; give a .ckpt file the trainer wrote"
+    )
+
+
 def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any]:
     """Loads a Lightning checkpoint into CPU memory as one full (consolidated) dictionary.
 
     A file is what the trainer writes under single-device, DDP and FSDP with ``state_dict_type="full"``;
     a directory holding ``meta.pt`` is an FSDP sharded checkpoint, consolidated here with Lightning's
-    own utilities (the same as ``python -m lightning.pytorch.utilities.consolidate_checkpoint``). Both are
+    own utilities (as ``python -m lightning.pytorch.utilities.consolidate_checkpoint`` does). Both are
     read weights-only (:mod:`mlm_adapt.guard.loads`): a file that would run code is refused.
-
-    Args:
-        path: The ``.ckpt`` file or the sharded checkpoint directory.
-        key: The option that named ``path``, for error messages.
     """
-    path = Path(path)
-    if not path.exists():
-        raise MLMAdaptError(f"{key}: {path} does not exist; give a .ckpt file the trainer wrote")
-    if path.is_dir():
-        if is_sharded_checkpoint(path):
-            return _format_checkpoint(load_sharded(path, key))
-        raise _not_a_checkpoint_directory(path, key)
+    path, sharded = _checkpoint_path(path, key)
+    if sharded:
+        return _format_checkpoint(load_sharded(path, key))
     checkpoint = load_weights_only(path, key)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise MLMAdaptError(f"{key}: {path} has no 'state_dict'; give a checkpoint written by the trainer")
     return checkpoint
-
-
-def _not_a_checkpoint_directory(path: Path, key: str) -> MLMAdaptError:
-    """The one line for a directory that holds no FSDP shards (a DeepSpeed one gets its conversion)."""
-    if (path / "latest").is_file() or (path / "checkpoint").is_dir():
-        return MLMAdaptError(
-            f"{key}: {path} is a DeepSpeed checkpoint; make it one file first with lightning.pytorch."
-            "utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict(DIR, FILE.ckpt)"
-        )
-    return MLMAdaptError(
-        f"{key}: {path} is a directory but neither a checkpoint (no .metadata: not FSDP shards) nor, "
-        "having no config.json, a Hugging Face model directory; give a .ckpt file the trainer wrote"
-    )
 
 
 def checkpoint_metadata(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
@@ -66,12 +66,8 @@ def checkpoint_metadata(path: str | Path, key: str = "ckpt_path") -> dict[str, A
     The whole pickle is still checked weights-only (a crafted file is refused here, before Lightning
     reads it); tensors are memory-mapped, not read. For an FSDP sharded directory: its ``meta.pt``.
     """
-    path = Path(path)
-    if not path.exists():
-        raise MLMAdaptError(f"{key}: {path} does not exist; give a .ckpt file the trainer wrote")
-    if path.is_dir():
-        if not is_sharded_checkpoint(path):
-            raise _not_a_checkpoint_directory(path, key)
+    path, sharded = _checkpoint_path(path, key)
+    if sharded:
         check_sharded_metadata(path, key)
         meta = path / _METADATA_FILENAME
         return load_weights_only(meta, key) if meta.is_file() else {}
