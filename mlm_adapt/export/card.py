@@ -83,11 +83,6 @@ def _is_hub_id(name: str) -> bool:
 _VERBATIM = ("training data", "masking", "validation data", "mlm_probability", "general text replayed")
 
 
-def _masking_rate(value: Any) -> str | None:
-    """``data.mlm_probability`` as the card shows it: the rate, or the schedule's points."""
-    return None if value is None else parse_schedule(value).describe()
-
-
 def _fmt(value: Any, digits: int | None = None) -> str:
     if isinstance(value, bool):
         return str(value).lower()
@@ -130,11 +125,12 @@ def _replay_rows(data: dict[str, Any]) -> list[tuple[str, Any]]:
     """The Corpus rows about general-text replay (``data.mix_files``), if the run replayed any."""
     if not data.get("mix_files"):
         return []
-    if data.get("forgetting_budget") is None:
-        rate = parse_mix_rate(data.get("mix_probability") or 0.0).describe()
-        return [("general text replayed", f"{_fmt(data['mix_files'])} at mix rate {rate}")]
-    how = f"{_fmt(data['mix_files'])}, mix rate set by data.forgetting_budget={data['forgetting_budget']}"
-    return [("general text replayed", how)]
+    budget = data.get("forgetting_budget")
+    if budget is None:
+        how = f" at mix rate {parse_mix_rate(data.get('mix_probability') or 0.0).describe()}"
+    else:
+        how = f", mix rate set by data.forgetting_budget={budget}"
+    return [("general text replayed", _fmt(data["mix_files"]) + how)]
 
 
 def _replay_lines(replay: dict[str, Any]) -> list[str]:
@@ -170,6 +166,7 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     """The ``README.md`` model card: Hub metadata, before/after metrics, corpus, masking and training."""
     base = str(info.model_hparams.get("model_name_or_path", "unknown"))
     data = info.data_hparams
+    rate = data.get("mlm_probability")  # a rate or a schedule's points
     metadata = ModelCardData(
         language="zh",
         license=info.license,
@@ -205,14 +202,12 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     ]
     before, after = info.baseline_metrics, info.final_metrics
     if before or after:
-        after_head = (
-            f"after (step {info.final_metrics_step})" if info.final_metrics_step is not None else "after"
-        )
+        step = info.final_metrics_step
+        after_head = f"after (step {step})" if step is not None else "after"
         lines += [f"| metric | before (step 0, `{base}`) | {after_head} |", "|---|---:|---:|"]
         for name in before_after_names(before, after):
-            b, a = before.get(name), after.get(name)
-            cells = [_fmt(v, 4) if v is not None else "n/a" for v in (b, a)]
-            lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+            b, a = (_fmt(v[name], 4) if v.get(name) is not None else "n/a" for v in (before, after))
+            lines.append(f"| {name} | {b} | {a} |")
     else:
         lines.append("No validation metrics were recorded for this checkpoint.")
     files = data.get("train_files") or ([data["dataset_name"]] if data.get("dataset_name") else [])
@@ -227,7 +222,7 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         ("segmented through OpenCC", data.get("opencc")),  # Traditional text, Simplified segmentation
         ("jieba HMM", data.get("hmm")),
         ("user dictionary", data.get("user_dict")),
-        ("mlm_probability", _masking_rate(data.get("mlm_probability"))),
+        ("mlm_probability", None if rate is None else parse_schedule(rate).describe()),
         ("eval_mlm_probability (validation masks)", data.get("eval_mlm_probability")),
         ("mask_replace_prob ([MASK])", data.get("mask_replace_prob")),
         ("random_replace_prob (random token)", data.get("random_replace_prob")),

@@ -99,11 +99,8 @@ def push_folder(
     commit_message: str = "Upload adapted masked-LM (mlm_adapt)",
 ) -> str:
     """Uploads ``folder`` as one commit to the model repo ``repo_id`` (created if needed, ``private`` then),
-    on the branch ``revision`` (created from ``main`` if missing); returns the commit's URL.
-
-    Authentication is ``huggingface_hub``'s own; network and permission failures become one line that says
-    the local export is kept.
-    """
+    on the branch ``revision`` (created from ``main`` if missing); returns the commit's URL. Network and
+    permission failures become one line that says the local export is kept."""
     check_hub_access(repo_id)
     kept = f"the local export is kept in {folder}"
     api = HfApi()
@@ -148,17 +145,9 @@ def verify_export(
     directory: str | Path,
     name: str | Path | None = None,
 ) -> float:
-    """Reloads ``directory`` with the Auto classes and compares its logits with ``model``'s on a probe batch.
-
-    Args:
-        model: The model that was saved.
-        tokenizer: The tokenizer that was saved.
-        directory: The saved directory.
-        name: What to call it in messages (the user's path rather than a staging directory).
-
-    Returns:
-        The largest absolute logit difference (raises :class:`MLMAdaptError` above the tolerance).
-    """
+    """Reloads the saved ``directory`` with the Auto classes, compares its logits with ``model``'s on a probe
+    batch, and returns the largest absolute difference (one line above the tolerance, naming the directory
+    ``name``: the user's path rather than a staging directory)."""
     name = name or directory
     param = next(model.parameters())
     reloaded = pretrained_masked_lm(str(directory), "export", dtype=param.dtype).to(param.device).eval()
@@ -195,15 +184,10 @@ def write_export(
     verify: bool = True,
     progress: Progress | None = None,
 ) -> float | None:
-    """Writes ``model`` + ``tokenizer`` (``save_pretrained``, safetensors), the config and the model card.
-
-    Everything is written and checked in a staging directory under ``output``'s lock, then published by
-    :func:`~mlm_adapt.guard.outputs.write_directory`; ``progress`` shows a bar over the phases, or one line
-    per phase with its duration.
-
-    Returns:
-        The reload check's largest logit difference (``None`` when ``verify`` is off).
-    """
+    """Writes ``model`` + ``tokenizer`` (``save_pretrained``, safetensors), the config and the model card in a
+    staging directory under ``output``'s lock, checks them, then publishes them
+    (:func:`~mlm_adapt.guard.outputs.write_directory`). Returns the reload check's largest logit difference
+    (``None`` when ``verify`` is off)."""
     progress = progress or Progress("export")
     stages = progress.stages(3 + verify, f"Exporting to {Path(output.path).name}")
     publishing = progress.phase(f"publishing {output.path}")

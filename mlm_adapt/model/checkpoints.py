@@ -78,12 +78,8 @@ def checkpoint_metadata(path: str | Path, key: str = "ckpt_path") -> dict[str, A
 
 
 def checkpoint_new_tokens(checkpoint: dict[str, Any], key: str = "--ckpt_path") -> list[str]:
-    """The tokens ``model.new_tokens_file`` added in the run, as the checkpoint holds them.
-
-    Never read from the file the checkpoint's hyper-parameters name: a checkpoint is data, and one crafted to
-    name ``~/.aws/credentials`` there would otherwise have its lines added to the tokenizer and published
-    with the export.
-    """
+    """The tokens ``model.new_tokens_file`` added in the run, as the checkpoint holds them: never read from
+    the file it names (a checkpoint crafted to name ``~/.aws/credentials`` would publish its lines)."""
     tokens = checkpoint.get(NEW_TOKENS_KEY)
     if tokens is not None:
         if not isinstance(tokens, list) or not all(isinstance(t, str) and t for t in tokens):
@@ -105,16 +101,9 @@ def checkpoint_new_tokens(checkpoint: dict[str, Any], key: str = "--ckpt_path") 
 def module_from_checkpoint(
     checkpoint: dict[str, Any], base_model: str | None = None, key: str = "--ckpt_path"
 ) -> MaskedLMModule:
-    """Rebuilds the trained ``MaskedLMModule`` (in eval mode, on CPU) from a loaded checkpoint.
-
-    The architecture comes from the base model's config (``hyper_parameters.model_name_or_path``, or
-    ``base_model``); its weights are not loaded, the checkpoint's replace them.
-
-    Args:
-        checkpoint: What :func:`load_checkpoint` returned.
-        base_model: Directory or Hub name of the base model, when the recorded one is not available here.
-        key: The option that named the checkpoint, for error messages.
-    """
+    """Rebuilds the trained ``MaskedLMModule`` (in eval mode, on CPU) from a loaded checkpoint (named by
+    ``key``). The architecture comes from the config of the base model the checkpoint records, or of
+    ``base_model`` when that one is not available here; the checkpoint's weights replace its own."""
     hparams = dict(checkpoint.get("hyper_parameters") or {})
     if "model_name_or_path" not in hparams and base_model is None:
         raise MLMAdaptError(f"{key}: the checkpoint records no model.model_name_or_path; pass --base_model")
@@ -147,8 +136,7 @@ def module_from_checkpoint(
             f"{key}: the checkpoint's weights do not fit {kwargs['model_name_or_path']!r} "
             f"(missing {missing[:3]}, unexpected {unexpected[:3]}); pass the right --base_model"
         )
-    if hasattr(module.model, "tie_weights"):
-        module.model.tie_weights()
+    module.model.tie_weights()
     module.on_load_checkpoint(checkpoint)
     return module.eval()
 
@@ -162,12 +150,7 @@ def callback_state(checkpoint: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def tokenizer_for(checkpoint: dict[str, Any], base_model: str | None = None) -> PreTrainedTokenizerBase:
-    """The tokenizer a checkpoint was trained with, new tokens (``model.new_tokens_file``) included.
-
-    Args:
-        checkpoint: What :func:`load_checkpoint` returned.
-        base_model: Directory or Hub name of the base model, when the recorded one is not available here.
-    """
+    """The tokenizer a checkpoint was trained with (or ``base_model``'s), its new tokens included."""
     model_hparams = checkpoint.get("hyper_parameters") or {}
     data_hparams = checkpoint.get("datamodule_hyper_parameters") or {}
     name = base_model or data_hparams.get("tokenizer_name_or_path") or model_hparams.get("model_name_or_path")

@@ -1,7 +1,4 @@
-"""Masked-LM metrics beyond torchmetrics' own: word-level accuracy, and the before/after table.
-
-Word accuracy: a masked word counts as right only if all its masked tokens are.
-"""
+"""Masked-LM metrics beyond torchmetrics' own: word-level accuracy, and the before/after table."""
 
 from __future__ import annotations
 
@@ -23,9 +20,8 @@ def word_keys(word_ids: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
 class WordAccuracy(Metric):
     """Fraction of masked words whose masked tokens are all predicted correctly.
 
-    ``update`` takes one entry per masked token: whether it was predicted right and the key of its word
-    (:func:`word_keys`); words are formed within the batch, so a word must not span two batches (blocks
-    never split words).
+    ``update`` takes, per masked token, whether it was right and its word's key (:func:`word_keys`); words
+    are formed within the batch (blocks never split words).
     """
 
     full_state_update = False
@@ -54,12 +50,8 @@ class WordAccuracy(Metric):
 
 
 def validation_prefix(index: int, names: Sequence[str] = ()) -> str:
-    """The metric prefix of the validation set at ``index``: ``val`` for the first, ``val_<name>`` after.
-
-    Args:
-        index: The set's position (Lightning's ``dataloader_idx``).
-        names: The sets' names (``MLMDataModule.validation_set_names``); ``val_<index>`` without them.
-    """
+    """The metric prefix of the validation set at ``index`` (``dataloader_idx``): ``val`` for the first,
+    then ``val_<name>`` by ``names`` (``MLMDataModule.validation_set_names``), else ``val_<index>``."""
     if index == 0:
         return "val"
     return f"val_{names[index]}" if index < len(names) else f"val_{index}"
@@ -73,17 +65,13 @@ BEFORE_AFTER_PREFIXES = ("val/", "val_", "downstream/")
 
 
 def before_after_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The before/after metrics among logged ``metrics`` (e.g. ``trainer.callback_metrics``), as floats:
-    ``val/*`` (the first validation set), ``val_<name>/*`` (the others) and ``downstream/*`` (tasks)."""
+    """The before/after metrics among logged ``metrics`` (e.g. ``trainer.callback_metrics``), as floats."""
     return {k: float(v) for k, v in metrics.items() if k.startswith(BEFORE_AFTER_PREFIXES)}
 
 
 def before_after_names(before: Mapping[str, float], after: Mapping[str, float]) -> list[str]:
-    """The rows of a before/after table: the first validation set, the other sets, then downstream tasks.
-
-    Sets and tasks keep the order in which they were logged; a set's rows are loss, accuracy, word
-    accuracy, perplexity.
-    """
+    """The rows of a before/after table: the first validation set, the other sets, then downstream tasks,
+    each in the order logged; a set's rows are loss, accuracy, word accuracy, perplexity."""
     names = list(dict.fromkeys([*before, *after]))
     groups: dict[str, int] = {}
     for name in names:
