@@ -35,7 +35,7 @@ from mlm_adapt.model.checkpoints import (
     module_from_checkpoint,
     tokenizer_for,
 )
-from mlm_adapt.model.metrics import EVAL_METRICS, SPREAD_SUFFIX, before_after_metrics, validation_prefix
+from mlm_adapt.model.metrics import EVAL_NAMES, SPREAD_SUFFIX, before_after_metrics, validation_prefix
 from mlm_adapt.text.tokenizer import load_tokenizer
 
 # Inside the run root, next to the logs and checkpoints of the run (one root per run or Slurm job).
@@ -57,7 +57,6 @@ TASK_METRICS = {
 OWN_PREFIXES = ("train/", "val/", "val_", "test/", "downstream/")
 # A name at least this similar (difflib ratio) to a logged one is taken for a typo of it.
 TYPO_SIMILARITY = 0.85
-_EVAL_NAMES = tuple(name.partition("/")[2] for name in EVAL_METRICS)
 
 
 def logged_metrics(validation_sets: Sequence[str], tasks: Iterable[tuple[str, str]]) -> list[str]:
@@ -67,7 +66,7 @@ def logged_metrics(validation_sets: Sequence[str], tasks: Iterable[tuple[str, st
     names = ["train/loss"]
     for index in range(len(validation_sets)):
         prefix = validation_prefix(index, validation_sets)
-        names += [f"{prefix}/{metric}" for metric in _EVAL_NAMES]
+        names += [f"{prefix}/{metric}" for metric in EVAL_NAMES]
     for task, kind in tasks:
         for metric in TASK_METRICS.get(kind, ()):
             names += [f"downstream/{task}/{metric}", f"downstream/{task}/{metric}{SPREAD_SUFFIX}"]
@@ -150,12 +149,9 @@ def _run_dirs(trainer: L.Trainer) -> list[str]:
 
 @dataclass(kw_only=True, eq=False)
 class HFExport(ExportOptions, L.Callback):
-    """Exports the adapted model at the end of ``fit`` as a Hugging Face directory (rank 0, after a barrier).
-
-    The directory holds ``save_pretrained`` safetensors weights, the tokenizer, ``training_config.yaml``
-    (LightningCLI's resolved config) and a ``README.md`` model card with the before/after validation
-    metrics. It is reloaded with ``AutoModelForMaskedLM`` and its logits checked against the trained weights.
-    The validation metrics, corpus statistics and config are also kept in every checkpoint, so
+    """Exports the adapted model at the end of ``fit`` as a Hugging Face directory (rank 0, after a barrier):
+    safetensors weights, tokenizer, ``training_config.yaml`` and a ``README.md`` card with the before/after
+    metrics, reloaded to check its logits. What the card needs is kept in every checkpoint too, so
     ``python -m mlm_adapt export`` can write the same card from any checkpoint later.
 
     Args:

@@ -22,22 +22,12 @@ DEFAULT_TAGS = ("bert", "fill-mask", "chinese", "whole-word-masking", "domain-ad
 class ExportInfo:
     """What the model card says about the run (all optional: missing facts are left out of the card).
 
-    Args:
-        model_hparams: ``MaskedLMModule`` hyperparameters (base model, sequence length, schedule).
-        data_hparams: ``MLMDataModule`` hyperparameters (files, segmenter, masking probabilities).
-        baseline_metrics: Validation metrics of the unadapted model (step 0).
-        final_metrics: Validation metrics of the exported weights.
-        final_metrics_step: The global step at which ``final_metrics`` were measured.
-        corpus_stats: ``MLMDataModule.corpus_stats`` (documents, characters, tokens, examples).
-        config_yaml: The resolved training config as written by LightningCLI.
-        source: Which weights were exported (e.g. ``best checkpoint by val/loss: PATH``).
-        global_step: Optimizer steps of the exported weights.
-        epoch: Epoch of the exported weights.
-        license: License identifier for the card metadata.
-        tags: Hub tags.
-        repo_id: Hub repository, used in the card's usage example.
-        replay: What general-text replay under ``data.forgetting_budget`` did
-            (:func:`~mlm_adapt.data.replay.replay_summary`): the rate trajectory and whether the budget held.
+    ``model_hparams`` and ``data_hparams`` are the modules' hyper-parameters; ``baseline_metrics`` the
+    validation metrics of the unadapted model (step 0), ``final_metrics`` those of the exported weights
+    (at ``final_metrics_step``); ``config_yaml`` LightningCLI's resolved config; ``source`` which weights were
+    exported (e.g. ``best checkpoint by val/loss: PATH``); ``repo_id`` the Hub repository of the usage
+    example; ``replay`` what replay under ``data.forgetting_budget`` did
+    (:func:`~mlm_adapt.data.replay.replay_summary`).
     """
 
     model_hparams: dict[str, Any] = field(default_factory=dict)
@@ -103,7 +93,7 @@ def _training_settings(info: ExportInfo) -> list[tuple[str, Any]]:
     if isinstance(optimizer, dict):
         args = ", ".join(f"{k}={v}" for k, v in (optimizer.get("init_args") or {}).items())
         optimizer = f"{optimizer.get('class_path', '?').rsplit('.', 1)[-1]}({args})"
-    rows = [
+    return [  # rows without a value are left out by the caller
         ("exported weights", info.source or None),
         ("global step", info.global_step),
         ("epoch", info.epoch),
@@ -118,7 +108,6 @@ def _training_settings(info: ExportInfo) -> list[tuple[str, Any]]:
         ("strategy", trainer.get("strategy") if isinstance(trainer.get("strategy"), str) else None),
         ("accumulate_grad_batches", trainer.get("accumulate_grad_batches")),
     ]
-    return [(k, v) for k, v in rows if v is not None]
 
 
 def _replay_rows(data: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -184,10 +184,9 @@ def write_export(
     verify: bool = True,
     progress: Progress | None = None,
 ) -> float | None:
-    """Writes ``model`` + ``tokenizer`` (``save_pretrained``, safetensors), the config and the model card in a
-    staging directory under ``output``'s lock, checks them, then publishes them
-    (:func:`~mlm_adapt.guard.outputs.write_directory`). Returns the reload check's largest logit difference
-    (``None`` when ``verify`` is off)."""
+    """Writes ``model`` + ``tokenizer`` (safetensors), the config and the card in a staging directory under
+    ``output``'s lock, checks and publishes them (:func:`~mlm_adapt.guard.outputs.write_directory`); returns
+    the reload check's largest logit difference (``None`` when ``verify`` is off)."""
     progress = progress or Progress("export")
     stages = progress.stages(3 + verify, f"Exporting to {Path(output.path).name}")
     publishing = progress.phase(f"publishing {output.path}")

@@ -44,13 +44,9 @@ def _checkpoint_path(path: str | Path, key: str) -> tuple[Path, bool]:
 
 
 def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any]:
-    """Loads a Lightning checkpoint into CPU memory as one full (consolidated) dictionary.
-
-    A file is what the trainer writes under single-device, DDP and FSDP with ``state_dict_type="full"``;
-    a directory holding ``meta.pt`` is an FSDP sharded checkpoint, consolidated here with Lightning's
-    own utilities (as ``python -m lightning.pytorch.utilities.consolidate_checkpoint`` does). Both are
-    read weights-only (:mod:`mlm_adapt.guard.loads`): a file that would run code is refused.
-    """
+    """Loads a Lightning checkpoint into CPU memory as one full dictionary, weights-only (a file that would
+    run code is refused): a file (single device, DDP, FSDP ``full``) or an FSDP sharded directory,
+    consolidated by Lightning's own utilities (as ``lightning.pytorch.utilities.consolidate_checkpoint``)."""
     path, sharded = _checkpoint_path(path, key)
     if sharded:
         return _format_checkpoint(load_sharded(path, key))
@@ -61,11 +57,8 @@ def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any
 
 
 def checkpoint_metadata(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
-    """A checkpoint's entries without reading its weights (hyper-parameters, step, callback states).
-
-    The whole pickle is still checked weights-only (a crafted file is refused here, before Lightning
-    reads it); tensors are memory-mapped, not read. For an FSDP sharded directory: its ``meta.pt``.
-    """
+    """A checkpoint's entries without reading its weights (memory-mapped), the whole pickle still checked
+    weights-only before Lightning reads it; for an FSDP sharded directory, its ``meta.pt``."""
     path, sharded = _checkpoint_path(path, key)
     if sharded:
         check_sharded_metadata(path, key)

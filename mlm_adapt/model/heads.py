@@ -1,9 +1,8 @@
 """Around the encoder: the masked-only vocabulary projection, and attention within each document.
 
-**Masked-only head.** The head (transform + vocabulary projection) costs ``hidden x vocab`` per position;
-only ~15% of positions are predicted, so projecting just those saves most of it with an identical loss.
-Each family names its encoder and head differently; :func:`split_head` knows them (any other model gets the
-full logits, with one info line: correct, only slower):
+**Masked-only head.** The head costs ``hidden x vocab`` per position; projecting only the ~15% of positions
+that are predicted saves most of it, with an identical loss. :func:`split_head` knows each family's encoder
+and head (any other model gets the full logits, with one info line):
 
 ============================== ========================== ==================================================
 family                         encoder                    head (applied to ``(N, hidden)`` rows)
@@ -16,11 +15,10 @@ ELECTRA generator              ``electra``                ``generator_lm_head(ge
 ModernBERT                     ``model``                  ``decoder(head(h))``
 ============================== ========================== ==================================================
 
-**Document attention** (``data.document_attention: true``). The collator gives every token a
-``document_ids`` entry (``-1`` on padding) and ``position_ids`` restarting at each document's ``[CLS]``;
-:func:`document_inputs` makes them a block-diagonal 4D mask (boolean for SDPA, additive for eager;
-transformers passes 4D masks through unchanged) and family-specific position ids, so a document's logits are
-those of the document run alone:
+**Document attention** (``data.document_attention: true``). :func:`document_inputs` turns the collator's
+``document_ids`` (``-1`` on padding) and ``position_ids`` into a block-diagonal 4D mask (boolean for SDPA,
+additive for eager; transformers passes 4D masks through unchanged) and family-specific position ids, so a
+document's logits are those of the document run alone:
 
 ========================= ================================================================================
 family                    how
@@ -53,13 +51,8 @@ _PLAIN_HEADS = ("cls", "lm_head", "predictions")
 
 @dataclass
 class HeadSplit:
-    """A masked LM cut in two.
-
-    Attributes:
-        encoder: The base model; ``encoder(input_ids=..., attention_mask=...)[0]`` is ``(B, L, hidden)``.
-        head: Maps ``(N, hidden)`` hidden states to ``(N, vocab)`` logits.
-        modules: The modules that hold the computation (for in-place ``torch.compile``).
-    """
+    """A masked LM cut in two: the base model, the head from ``(N, hidden)`` states to ``(N, vocab)`` logits,
+    and the modules that hold the computation (for in-place ``torch.compile``)."""
 
     encoder: nn.Module
     head: Callable[[torch.Tensor], torch.Tensor]
@@ -139,14 +132,9 @@ def document_inputs(
     document_ids: torch.Tensor,
     position_ids: torch.Tensor,
 ) -> dict[str, torch.Tensor | dict[str, torch.Tensor]]:
-    """``attention_mask`` and ``position_ids`` keyword arguments that keep attention within documents.
-
-    Args:
-        model: The masked LM (its family and attention kernel decide the format).
-        attention_mask: ``(B, L)``, 1 on keys that may be attended (0 on padding, or on excluded ``[MASK]``).
-        document_ids: ``(B, L)`` document index of each token, ``-1`` on padding.
-        position_ids: ``(B, L)`` positions restarting at 0 in every document.
-    """
+    """``attention_mask`` and ``position_ids`` keyword arguments for ``model`` (its family and kernel decide
+    the format) that keep attention within documents; ``attention_mask`` is 1 on keys that may be attended
+    (0 on padding or excluded ``[MASK]``), ``position_ids`` restart at 0 in every document."""
     # Padding attends to padding only: no row is empty (an all-masked row would turn into NaN).
     keys = attention_mask.bool() | (document_ids < 0)
     allowed = (document_ids[:, :, None] == document_ids[:, None, :]) & keys[:, None, :]

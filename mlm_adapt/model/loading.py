@@ -1,10 +1,6 @@
 """Loading a masked LM: its size against the memory and its weights against its config before anything is
-allocated, decoder checkpoints refused, new tokens added.
-
-An absurd ``vocab_size``, ``hidden_size`` or ``num_hidden_layers`` would otherwise end in torch's
-``DefaultCPUAllocator: can't allocate memory`` after minutes of swapping, and a ``config.json`` edited away
-from its weights in transformers' ``ignore_mismatched_sizes`` traceback. The model is built on the ``meta``
-device (shapes, no storage) to count its parameters exactly for any family.
+allocated (else an absurd size ends in torch's allocator error after minutes of swapping, and an edited
+``config.json`` in transformers' ``ignore_mismatched_sizes`` traceback), decoders refused, new tokens added.
 """
 
 from __future__ import annotations
@@ -75,11 +71,8 @@ def _count(model: PreTrainedModel) -> int:
 
 
 def model_size(config: PretrainedConfig) -> ModelSize:
-    """Counts the parameters ``config`` describes without allocating them.
-
-    Up to :data:`EXACT_DEPTH` layers the whole model is built on the meta device; deeper ones are counted
-    from builds of 2 and 3 layers (the first layer may differ, as in ModernBERT; the others repeat).
-    """
+    """Counts the parameters ``config`` describes on the meta device, built whole up to :data:`EXACT_DEPTH`
+    layers, else from builds of 2 and 3 layers (the first may differ, as in ModernBERT; the others repeat)."""
     dtype = getattr(config, "dtype", None)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     width = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
@@ -222,12 +215,7 @@ def check_masked_lm(
 
 
 def check_trainer_fits(
-    model: PreTrainedModel,
-    name: str,
-    key: str,
-    device: torch.device,
-    precision: str,
-    training: bool,
+    model: PreTrainedModel, name: str, key: str, device: torch.device, precision: str, training: bool
 ) -> None:
     """Refuses, before any data is read, a loaded model (in RAM) that the trainer's root ``device`` cannot
     hold at its ``precision``; not for sharding strategies, where each device holds only a share."""
@@ -296,12 +284,9 @@ def load_masked_lm(
 
 
 def position_limit(model: PreTrainedModel) -> tuple[int | None, str]:
-    """The longest sequence ``model``'s own position table can index, and how that was found.
-
-    BERT-style tables index positions ``0..rows-1``; RoBERTa-style ones (XLM-R, CamemBERT: embeddings with a
-    ``padding_idx``) number positions from ``padding_idx + 1``, so ``max_position_embeddings`` 514 holds 512
-    tokens. Rotary or relative positions (ModernBERT, DeBERTa-v2) have no table: the config's nominal value.
-    """
+    """The longest sequence ``model``'s position table can index, and how that was found: RoBERTa-style
+    tables (with a ``padding_idx``) count from ``padding_idx + 1`` (514 rows hold 512 tokens); rotary or
+    relative positions (ModernBERT, DeBERTa-v2) have no table: the config's nominal value."""
     nominal = getattr(model.config, "max_position_embeddings", None)
     base = getattr(model, getattr(model, "base_model_prefix", ""), model)
     embeddings = getattr(base, "embeddings", None)

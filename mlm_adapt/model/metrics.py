@@ -18,11 +18,8 @@ def word_keys(word_ids: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
 
 
 class WordAccuracy(Metric):
-    """Fraction of masked words whose masked tokens are all predicted correctly.
-
-    ``update`` takes, per masked token, whether it was right and its word's key (:func:`word_keys`); words
-    are formed within the batch (blocks never split words).
-    """
+    """Fraction of masked words whose masked tokens are all right; ``update`` takes, per masked token,
+    whether it was right and its word's key (:func:`word_keys`: words within the batch)."""
 
     full_state_update = False
     higher_is_better = True
@@ -58,8 +55,7 @@ def validation_prefix(index: int, names: Sequence[str] = ()) -> str:
 
 
 # Validation metrics of each set, in table order.
-EVAL_METRICS = ("val/loss", "val/accuracy", "val/word_accuracy", "val/perplexity")
-_EVAL_ORDER = [name.partition("/")[2] for name in EVAL_METRICS]
+EVAL_NAMES = ("loss", "accuracy", "word_accuracy", "perplexity")
 # Logged metrics that are compared before and after adaptation: every validation set, every downstream task.
 BEFORE_AFTER_PREFIXES = ("val/", "val_", "downstream/")
 
@@ -80,7 +76,7 @@ def before_after_names(before: Mapping[str, float], after: Mapping[str, float]) 
     def key(name: str) -> tuple[int, int, int]:
         group, _, metric = name.rpartition("/")
         kind = 0 if group == "val" else 2 if name.startswith("downstream/") else 1
-        position = _EVAL_ORDER.index(metric) if kind < 2 and metric in _EVAL_ORDER else len(_EVAL_ORDER)
+        position = EVAL_NAMES.index(metric) if kind < 2 and metric in EVAL_NAMES else len(EVAL_NAMES)
         return kind, groups[group], position
 
     return sorted(names, key=key)  # stable: equal keys keep the logged order

@@ -45,12 +45,9 @@ def default_optimizer(params: Any) -> torch.optim.Optimizer:
 
 
 def fastest_kernels(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Adam/AdamW left at torch's defaults steps with the fused kernel where the parameters' device has one.
-
-    torch picks it only when asked (else foreach on CUDA, a for-loop on CPU, ~4x slower at bert-base size);
-    it computes the same update. A ``fused`` or ``foreach`` set in the config is kept, and so is torch's
-    choice for parameters the fused kernel cannot take (other devices, ``differentiable``).
-    """
+    """Adam/AdamW left at torch's defaults steps with the fused kernel (the same update) where the parameters
+    allow; torch picks it only when asked (else a for-loop on CPU, ~4x slower at bert-base size). A
+    ``fused`` or ``foreach`` set in the config is kept, and so is torch's choice where fused cannot run."""
     if not isinstance(optimizer, torch.optim.Adam):  # AdamW is an Adam
         return optimizer
     groups = optimizer.param_groups
@@ -70,23 +67,13 @@ def fastest_kernels(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 def mlm_flops(
     config: Any, batch_size: int, seq_len: int, n_predicted: int, backward: bool = True
 ) -> int | None:
-    """Matmul FLOPs of one BERT-style masked-LM step (the usual 6ND-style count, attention included).
+    """Matmul FLOPs of one BERT-style masked-LM step (the usual 6ND-style count, attention included), or
+    ``None`` when ``config`` lacks a size.
 
     Per token and layer: ``2 * (4 h^2 + 2 h I)`` for the projections and feed-forward, ``4 L h`` for the
-    attention scores and weighted sum; the head costs ``2 * (h^2 + h V)`` per predicted position. A backward
-    pass costs twice the forward. Embedding lookups, norms and softmax are negligible and left out.
-
-    Args:
-        config: The model config (``hidden_size``, ``num_hidden_layers``, ``intermediate_size``,
-            ``vocab_size``).
-        batch_size: Sequences in the batch.
-        seq_len: Padded sequence length (padding is computed, so it is counted).
-        n_predicted: Positions that go through the vocabulary head (masked positions with the masked-only
-            head, ``batch_size * seq_len`` with the full head).
-        backward: Count the backward pass too (training) or only the forward (evaluation).
-
-    Returns:
-        The FLOPs, or ``None`` when the config lacks one of the sizes.
+    attention scores and weighted sum (``seq_len`` padded: padding is computed); the head costs
+    ``2 * (h^2 + h V)`` per position in ``n_predicted`` (only the masked ones with the masked-only head). A
+    ``backward`` pass costs twice the forward. Embedding lookups, norms and softmax are left out.
     """
     try:
         h, layers = int(config.hidden_size), int(config.num_hidden_layers)
@@ -257,9 +244,8 @@ class MaskedLMModule(L.LightningModule):
     def configure_callbacks(self) -> list[L.Callback]:
         if not self.hparams.log_throughput or self._trainer is None:
             return []
-        if any(isinstance(c, ThroughputMonitor) for c in self.trainer.callbacks):
-            return []
-        return [MLMThroughputMonitor()]
+        has_one = any(isinstance(c, ThroughputMonitor) for c in self.trainer.callbacks)
+        return [] if has_one else [MLMThroughputMonitor()]
 
     def masked_logits(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Vocabulary logits and labels of the masked positions only: ``(N, V)`` and ``(N,)``."""
@@ -274,10 +260,8 @@ class MaskedLMModule(L.LightningModule):
                 document_inputs(self.model, attention_mask, batch["document_ids"], batch["position_ids"])
             )
         if self.head_split is None:
-            logits = self.model(**inputs).logits
-            return logits[selected], labels[selected]
-        hidden = self.head_split.hidden(**inputs)
-        return self.head_split.head(hidden[selected]), labels[selected]
+            return self.model(**inputs).logits[selected], labels[selected]
+        return self.head_split.head(self.head_split.hidden(**inputs)[selected]), labels[selected]
 
     @override
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -287,11 +271,7 @@ class MaskedLMModule(L.LightningModule):
     def masked_lm_loss(
         self, batch: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Mean cross-entropy over masked positions, with their logits and labels.
-
-        Unshifted: the prediction at position i is scored against the token at position i. A batch without
-        masked tokens gives a zero loss (not NaN).
-        """
+        """Mean unshifted cross-entropy over masked positions (0, not NaN, without any), logits, labels."""
         logits, labels = self.masked_logits(batch)
         loss = F.cross_entropy(logits.float(), labels, reduction="sum") / max(labels.numel(), 1)
         return loss, logits, labels
@@ -301,10 +281,8 @@ class MaskedLMModule(L.LightningModule):
         n_masked = labels.numel()
         batch_size, seq_len = batch["input_ids"].shape
         n_predicted = n_masked if self.head_split is not None else batch_size * seq_len
-        self.flops_per_batch = mlm_flops(
-            self.model.config, batch_size, seq_len, n_predicted, stage == "train"
-        )
         evaluating = stage != "train"
+        self.flops_per_batch = mlm_flops(self.model.config, batch_size, seq_len, n_predicted, not evaluating)
         # Explicit names per set (val/*, val_<name>/*), not Lightning's dataloader_idx suffix.
         log = {"add_dataloader_idx": False, "batch_size": max(n_masked, 1)}
         shown = stage in ("train", *EVAL_STAGES)

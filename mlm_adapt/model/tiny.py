@@ -1,8 +1,5 @@
-"""Builds tiny (and real-size) Chinese checkpoints offline, for the demo, tests and benchmarks.
-
-The checkpoint is an ordinary Hugging Face directory (``save_pretrained``), loaded back through the same
-``from_pretrained`` code that loads ``hfl/chinese-bert-wwm-ext``; only its size and vocabulary differ.
-"""
+"""Builds tiny (and real-size) Chinese checkpoints offline, for the demo, tests and benchmarks: ordinary
+``save_pretrained`` directories, loaded like ``hfl/chinese-bert-wwm-ext``; only size and vocabulary differ."""
 
 from __future__ import annotations
 
@@ -76,16 +73,12 @@ def build_tiny_bert(
 def build_real_size(
     output_dir: str | Path, texts: Iterable[str], family: str = "bert", seed: int = 0
 ) -> Path:
-    """Writes a randomly initialized model of a real checkpoint's size, offline (benchmarks, GPU check).
+    """Writes a randomly initialized (``seed``) model of a real checkpoint's size to ``output_dir``.
 
-    Args:
-        output_dir: Where to write.
-        texts: Text whose characters come first in the vocabulary; CJK ideographs in code point order
-            follow (as most of bert-base-chinese's entries are), then ``[unusedN]``.
-        family: ``bert``: bert-base-chinese's shape (12 x 768, FFN 3072, vocabulary 21,128, 102 M
-            parameters); ``modernbert``: ModernBERT-base's (22 x 768, FFN 1152, vocabulary 50,368, alternating
-            global/128-token local attention, 150 M parameters), with the same kind of character vocabulary.
-        seed: Seed for the random initialization.
+    ``family`` ``bert``: bert-base-chinese's shape (12 x 768, FFN 3072, vocabulary 21,128, 102 M parameters);
+    ``modernbert``: ModernBERT-base's (22 x 768, FFN 1152, vocabulary 50,368, alternating global/128-token
+    local attention, 150 M parameters). The vocabulary holds the characters of ``texts``, then CJK ideographs
+    in code point order (as most of bert-base-chinese's entries are), then ``[unusedN]``.
     """
     size = 21_128 if family == "bert" else 50_368
     vocab = chinese_vocab(texts, max_chars=size)[:size]
