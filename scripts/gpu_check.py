@@ -3,7 +3,7 @@
 1. Training throughput of a bert-base-chinese-sized model (random weights, built offline by
    :func:`mlm_adapt.model.tiny.build_real_size`) through the real stack (MaskedLMModule, whole-word collator,
    Lightning Trainer) in bf16-mixed on packed blocks of synthetic Chinese-like ids with jieba-style word ids
-   (no download, no dataset): tokens/s, model TFLOP/s (:func:`mlm_adapt.model.throughput.mlm_flops`), MFU
+   (no download, no dataset): tokens/s, model TFLOP/s (:func:`mlm_adapt.model.module.mlm_flops`), MFU
    against the datasheet peak Lightning knows for the device and against a measured 8192^3 bf16 matmul, step
    time and peak memory, at seq 128 and 512, with and without the masked-only head, and with
    ``torch.compile`` (masked-only head) where it works. Each run: warm-up steps, then timed steps
@@ -134,7 +134,7 @@ def run(
     from mlm_adapt.data.samplers import EpochSampler
     from mlm_adapt.masking import WholeWordMaskCollator
     from mlm_adapt.model import MaskedLMModule
-    from mlm_adapt.model.throughput import mlm_flops
+    from mlm_adapt.model.module import mlm_flops
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     data = PackedBlocks(batch_size * (warmup + steps + 2), length)

@@ -10,8 +10,8 @@ import transformers
 from jsonargparse import ArgumentParser
 
 from mlm_adapt.data.progress import Progress
-from mlm_adapt.export.checkpoint import export_checkpoint
-from mlm_adapt.export.options import ExportOptions
+from mlm_adapt.export.callback import export_checkpoint
+from mlm_adapt.export.writer import ExportOptions
 from mlm_adapt.model.metrics import metrics_table
 
 

@@ -1,30 +1,41 @@
-"""``HFExport``: writes the adapted model as a Hugging Face directory after ``fit`` (optionally pushes it)."""
+"""Exporting: ``HFExport`` writes the adapted model as a Hugging Face directory after ``fit`` (optionally
+pushes it), after checking before training that the monitored metric is logged and the fit trains a step;
+:func:`export_checkpoint` writes the same directory and card from any checkpoint ``fit`` wrote
+(``python -m mlm_adapt export``)."""
 
 from __future__ import annotations
 
 import copy
+import difflib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+from mlm_adapt.data import MLMDataModule
 from mlm_adapt.data.progress import Progress
+from mlm_adapt.data.replay import replay_summary
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import ExportInfo, val_metrics_at
-from mlm_adapt.export.hub import check_hub_access, push_folder
-from mlm_adapt.export.options import ExportOptions
-from mlm_adapt.export.preflight import check_monitor, check_trains, run_metrics
-from mlm_adapt.export.writer import write_export
+from mlm_adapt.export.writer import ExportOptions, check_hub_access, push_folder, write_export
 from mlm_adapt.guard.outputs import Output, check_output
-from mlm_adapt.model.checkpoints import load_checkpoint, module_from_checkpoint
-from mlm_adapt.model.metrics import before_after_metrics
+from mlm_adapt.model.checkpoints import (
+    callback_state,
+    checkpoint_metadata,
+    load_checkpoint,
+    module_from_checkpoint,
+    tokenizer_for,
+)
+from mlm_adapt.model.metrics import EVAL_NAMES, SPREAD_SUFFIX, before_after_metrics, validation_prefix
 from mlm_adapt.text.tokenizer import load_tokenizer
 
 # Inside the run root, next to the logs and checkpoints of the run (one root per run or Slurm job).
@@ -36,32 +47,61 @@ WHOLE_WEIGHTS = (SingleDeviceStrategy, DDPStrategy)
 # would be globbed as one of them. (The datasets cache is not an input: an export inside it is harmless, and
 # overwrite never replaces it, as it is no export.)
 _MODEL_INPUTS = ("model_name_or_path", "new_tokens_file")
-_DATA_INPUTS = (
-    "train_files",
-    "validation_files",
-    "test_files",
-    "mix_files",
-    "user_dict",
-    "prepared_dir",
-)
+_DATA_INPUTS = ("train_files", "validation_files", "test_files", "mix_files", "user_dict", "prepared_dir")
+
+TASK_METRICS = {
+    "sequence_classification": ("accuracy", "macro_f1"),
+    "token_classification": ("f1", "accuracy"),
+}
+# Metric namespaces of mlm_adapt itself: a name in them that the run does not log is a mistake.
+OWN_PREFIXES = ("train/", "val/", "val_", "test/", "downstream/")
+# A name at least this similar (difflib ratio) to a logged one is taken for a typo of it.
+TYPO_SIMILARITY = 0.85
 
 
-def _replay(datamodule: Any) -> dict[str, Any]:
-    """What replay under a forgetting budget did in this run (empty without a budget)."""
-    replay = getattr(datamodule, "replay", None)
-    return replay.summary() if replay is not None else {}
+def logged_metrics(validation_sets: Sequence[str], tasks: Iterable[tuple[str, str]]) -> list[str]:
+    """Every metric name a fit logs that can pick the exported weights: the training loss, the metrics of
+    every validation set (``MLMDataModule.validation_set_names``) and the scores, with their ``_std``, of
+    every downstream task (``(name, type)`` in ``tasks``)."""
+    names = ["train/loss"]
+    for index in range(len(validation_sets)):
+        prefix = validation_prefix(index, validation_sets)
+        names += [f"{prefix}/{metric}" for metric in EVAL_NAMES]
+    for task, kind in tasks:
+        for metric in TASK_METRICS.get(kind, ()):
+            names += [f"downstream/{task}/{metric}", f"downstream/{task}/{metric}{SPREAD_SUFFIX}"]
+    return names
 
 
-def _run_dirs(trainer: L.Trainer) -> list[str]:
-    """Where the run keeps checkpoints and logs: the root directory, each logger's and checkpoint's."""
-    dirs = [trainer.default_root_dir]
-    for logger in trainer.loggers:
-        try:
-            dirs.append(logger.log_dir)
-        except (AttributeError, NotImplementedError, TypeError):  # loggers without a local directory
-            continue
-    dirs += [c.dirpath for c in trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]
-    return [d for d in dirs if d]
+def check_monitor(monitor: str, logged: Sequence[str], key: str = "export.monitor") -> None:
+    """Refuses a ``monitor`` in mlm_adapt's namespaces (:data:`OWN_PREFIXES`) that is not among the
+    ``logged`` names, and any name within a typo of one (one line, closest match). Other names are the
+    metrics of the user's own callbacks and pass."""
+    if monitor in logged:
+        return
+    close = difflib.get_close_matches(monitor, logged, n=1, cutoff=TYPO_SIMILARITY)
+    if not monitor.startswith(OWN_PREFIXES) and not close:
+        return
+    close = close or difflib.get_close_matches(monitor, logged, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    shown = ", ".join(name for name in logged if not name.endswith(SPREAD_SUFFIX))
+    raise MLMAdaptError(f"{key}={monitor!r} is not a metric this run logs; {hint}it logs: {shown}")
+
+
+def check_trains(trainer: L.Trainer, key: str = "export") -> None:
+    """Refuses a fit that trains no step while it exports: the export would be the base model's weights
+    under the name of an adapted model (to score the base model, run ``validate``)."""
+    limits = {
+        "trainer.max_steps": trainer.max_steps,
+        "trainer.max_epochs": trainer.max_epochs,
+        "trainer.limit_train_batches": trainer.limit_train_batches,
+    }
+    for name, value in limits.items():
+        if value is not None and not isinstance(value, bool) and value == 0:
+            raise MLMAdaptError(
+                f"{name}={value} trains no step, so the {key} would be the base model's weights; "
+                "set it above 0, or use `validate` to score the base model (or export.enabled=false)"
+            )
 
 
 def hparams_inputs(
@@ -83,28 +123,35 @@ def hparams_inputs(
     return found
 
 
-def _inputs(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, list[str]]:
+def _inputs(trainer: L.Trainer, pl_module: L.LightningModule, tasks: list[Any]) -> dict[str, list[str]]:
     """Local files and directories the run reads, by config key."""
     datamodule_hparams = trainer.datamodule.hparams if trainer.datamodule is not None else {}
     found = hparams_inputs(pl_module.hparams, datamodule_hparams)
-    for callback in trainer.callbacks:
-        if isinstance(callback, DownstreamEvaluation):
-            for i, task in enumerate(callback.tasks):
-                found[f"downstream.tasks[{i}].train_files"] = list(task.train_files)
-                found[f"downstream.tasks[{i}].test_files"] = list(task.test_files)
+    for i, task in enumerate(tasks):
+        found[f"downstream.tasks[{i}].train_files"] = list(task.train_files)
+        found[f"downstream.tasks[{i}].test_files"] = list(task.test_files)
     if trainer.ckpt_path:
         found["ckpt_path"] = [str(trainer.ckpt_path)]
     return found
 
 
+def _run_dirs(trainer: L.Trainer) -> list[str]:
+    """Where the run keeps checkpoints and logs: the root directory, each logger's and checkpoint's."""
+    dirs = [trainer.default_root_dir]
+    for logger in trainer.loggers:
+        try:
+            dirs.append(logger.log_dir)
+        except (AttributeError, NotImplementedError, TypeError):  # loggers without a local directory
+            continue
+    dirs += [c.dirpath for c in trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]
+    return [d for d in dirs if d]
+
+
 @dataclass(kw_only=True, eq=False)
 class HFExport(ExportOptions, L.Callback):
-    """Exports the adapted model at the end of ``fit`` as a Hugging Face directory (rank 0, after a barrier).
-
-    The directory holds ``save_pretrained`` safetensors weights, the tokenizer, ``training_config.yaml``
-    (LightningCLI's resolved config) and a ``README.md`` model card with the before/after validation
-    metrics. It is reloaded with ``AutoModelForMaskedLM`` and its logits checked against the trained weights.
-    The validation metrics, corpus statistics and config are also kept in every checkpoint, so
+    """Exports the adapted model at the end of ``fit`` as a Hugging Face directory (rank 0, after a barrier):
+    safetensors weights, tokenizer, ``training_config.yaml`` and a ``README.md`` card with the before/after
+    metrics, reloaded to check its logits. What the card needs is kept in every checkpoint too, so
     ``python -m mlm_adapt export`` can write the same card from any checkpoint later.
 
     Args:
@@ -139,6 +186,10 @@ class HFExport(ExportOptions, L.Callback):
         # The best weights by ``monitor`` when no ModelCheckpoint keeps them: (value, step, CPU state dict).
         self._best: tuple[float, int, dict[str, torch.Tensor]] | None = None
 
+    def _monitoring(self, trainer: L.Trainer) -> list[ModelCheckpoint]:
+        """The trainer's checkpoint callbacks that monitor ``monitor``."""
+        return [c for c in trainer.checkpoint_callbacks if getattr(c, "monitor", None) == self.monitor]
+
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -151,20 +202,22 @@ class HFExport(ExportOptions, L.Callback):
             return
         self.export_dir = self.resolved_output_dir(trainer)
         # Fail before training rather than after it.
-        for callback in trainer.checkpoint_callbacks:
-            if getattr(callback, "monitor", None) == self.monitor and callback.mode != self.mode:
+        for callback in self._monitoring(trainer):
+            if callback.mode != self.mode:
                 raise MLMAdaptError(
                     f"export.mode={self.mode!r} but the ModelCheckpoint monitoring {self.monitor!r} has mode "
                     f"{callback.mode!r}; make them agree"
                 )
         check_trains(trainer)
+        tasks = [t for c in trainer.callbacks if isinstance(c, DownstreamEvaluation) for t in c.tasks]
         if self.checkpoint == "best":
-            check_monitor(self.monitor, run_metrics(trainer))
+            sets = list(getattr(trainer.datamodule, "validation_set_names", None) or ["validation"])
+            check_monitor(self.monitor, logged_metrics(sets, [(t.name, t.type) for t in tasks]))
         self._output = Output(
             self.export_dir,
             key="export.output_dir",
             overwrite=self.overwrite,
-            inputs=_inputs(trainer, pl_module),
+            inputs=_inputs(trainer, pl_module, tasks),
             run_dirs=_run_dirs(trainer),
         )
         if trainer.is_global_zero:
@@ -183,23 +236,18 @@ class HFExport(ExportOptions, L.Callback):
         metrics = before_after_metrics(trainer.callback_metrics)  # every validation set and task
         if metrics:
             self.val_history[trainer.global_step] = metrics
-        if self._keeps_best(trainer) and self.monitor in trainer.callback_metrics:
+        # The callback keeps the best weights itself when no ModelCheckpoint monitors ``monitor``.
+        keeps_best = self.enabled and self.checkpoint == "best" and trainer.is_global_zero
+        keeps_best = (
+            keeps_best and isinstance(trainer.strategy, WHOLE_WEIGHTS) and not self._monitoring(trainer)
+        )
+        if keeps_best and self.monitor in trainer.callback_metrics:
             value = float(trainer.callback_metrics[self.monitor])
             best = self._best[0] if self._best else None
             if best is None or (value < best if self.mode == "min" else value > best):
                 # Only rank 0 exports; a CPU copy, so the GPU holds one model either way.
                 state = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.model.state_dict().items()}
                 self._best = (value, trainer.global_step, state)
-
-    def _keeps_best(self, trainer: L.Trainer) -> bool:
-        """Whether the callback keeps the best weights itself: no ModelCheckpoint monitors ``monitor``."""
-        return (
-            self.enabled
-            and self.checkpoint == "best"
-            and trainer.is_global_zero
-            and isinstance(trainer.strategy, WHOLE_WEIGHTS)
-            and not any(getattr(c, "monitor", None) == self.monitor for c in trainer.checkpoint_callbacks)
-        )
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -214,28 +262,15 @@ class HFExport(ExportOptions, L.Callback):
         # Resuming keeps the earlier validation history (the card's "after" may come from before the resume).
         self.val_history = {int(k): dict(v) for k, v in state_dict.get("val_history", {}).items()}
 
-    def _best_checkpoint(self, trainer: L.Trainer) -> str | None:
-        for callback in trainer.checkpoint_callbacks:
-            if getattr(callback, "monitor", None) == self.monitor and callback.best_model_path:
-                return callback.best_model_path
-        return None
-
     def _why_no_best(self, trainer: L.Trainer) -> str:
         """Why a validated run has no best weights: no saved checkpoint yet, or the metric never logged."""
-        monitoring = [c for c in trainer.checkpoint_callbacks if getattr(c, "monitor", None) == self.monitor]
         logged = any(self.monitor in metrics for metrics in self.val_history.values())
-        if monitoring and (logged or self.monitor in trainer.callback_metrics):
+        if self._monitoring(trainer) and (logged or self.monitor in trainer.callback_metrics):
             return (
                 f"no ModelCheckpoint monitoring {self.monitor!r} saved a checkpoint during the run (its "
                 "every_n_train_steps or every_n_epochs was not reached)"
             )
         return f"{self.monitor!r} was never logged"
-
-    def _last_checkpoint(self, trainer: L.Trainer) -> str | None:
-        for callback in trainer.checkpoint_callbacks:
-            if callback.last_model_path:
-                return callback.last_model_path
-        return None
 
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -244,32 +279,32 @@ class HFExport(ExportOptions, L.Callback):
         trainer.strategy.barrier("mlm_adapt_export")
         if not trainer.is_global_zero:
             return
-        # Under FSDP/DeepSpeed the in-memory weights are sharded across ranks: export from checkpoint files.
-        whole = isinstance(trainer.strategy, WHOLE_WEIGHTS)
-        path = self._best_checkpoint(trainer) if self.checkpoint == "best" else None
+        path = None
+        if self.checkpoint == "best":
+            path = next((c.best_model_path for c in self._monitoring(trainer) if c.best_model_path), None)
         source = f"best checkpoint by {self.monitor}: {path}"
-        if path is None and not whole:
-            path = self._last_checkpoint(trainer)
+        # Under FSDP/DeepSpeed the in-memory weights are sharded across ranks: export from checkpoint files.
+        if path is None and not isinstance(trainer.strategy, WHOLE_WEIGHTS):
+            path = next((c.last_model_path for c in trainer.checkpoint_callbacks if c.last_model_path), None)
             if path is None:
                 raise MLMAdaptError(
                     f"export: the {type(trainer.strategy).__name__} weights are sharded, so export reads a "
                     f"checkpoint: add a ModelCheckpoint monitoring {self.monitor!r} or with save_last: true"
                 )
             source = f"last checkpoint: {path}"
+        baseline = dict(getattr(pl_module, "baseline_metrics", {}))
         if path is not None:
             checkpoint = load_checkpoint(path, key="export.checkpoint")
             module = module_from_checkpoint(checkpoint, key="export.checkpoint")
             model, step, epoch = module.model, checkpoint.get("global_step"), checkpoint.get("epoch")
-            baseline = module.baseline_metrics or dict(getattr(pl_module, "baseline_metrics", {}))
+            baseline = module.baseline_metrics or baseline
         elif self._best is not None:
             value, step, state = self._best
             model, epoch = copy.deepcopy(pl_module.model), None
             model.load_state_dict(state)
-            baseline = dict(getattr(pl_module, "baseline_metrics", {}))
             source = f"best weights by {self.monitor} ({self.mode}, {value:.4f}) at step {step}"
         else:
             model, step, epoch = pl_module.model, trainer.global_step, trainer.current_epoch
-            baseline = dict(getattr(pl_module, "baseline_metrics", {}))
             source = "final weights of the run"
             if self.checkpoint == "best" and self.val_history:  # validated, yet no best weights
                 rank_zero_warn(f"export.monitor: {self._why_no_best(trainer)}; exported the final weights")
@@ -278,6 +313,7 @@ class HFExport(ExportOptions, L.Callback):
         tokenizer = getattr(datamodule, "tokenizer", None) or load_tokenizer(
             pl_module.hparams["model_name_or_path"], pl_module.hparams.get("new_tokens_file")
         )
+        replay = getattr(datamodule, "replay", None)  # what replay under a forgetting budget did
         info = ExportInfo(
             model_hparams=dict(pl_module.hparams),
             data_hparams=dict(getattr(datamodule, "hparams", {}) or {}),
@@ -292,7 +328,7 @@ class HFExport(ExportOptions, L.Callback):
             license=self.license,
             tags=self.tags,
             repo_id=self.repo_id if self.push_to_hub else None,
-            replay=_replay(datamodule),
+            replay=replay.summary() if replay is not None else {},
         )
         progress = Progress("export", bars=trainer.progress_bar_callback is not None)
         diff = write_export(model, tokenizer, self._output, info, verify=self.verify, progress=progress)
@@ -305,3 +341,71 @@ class HFExport(ExportOptions, L.Callback):
                     self.export_dir, self.repo_id, self.private, self.revision, self.commit_message
                 )
             rank_zero_info(f"mlm_adapt export: pushed to {url}")
+
+
+@dataclass
+class ExportResult:
+    """What :func:`export_checkpoint` did."""
+
+    info: ExportInfo
+    logit_difference: float | None
+    hub_url: str | None
+
+
+def export_checkpoint(
+    ckpt_path: str,
+    output_dir: str,
+    options: ExportOptions,
+    base_model: str | None = None,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Writes the checkpoint file or FSDP sharded directory ``ckpt_path`` as a Hugging Face directory (and
+    optionally pushes it to the Hub), with ``base_model`` if the one it records is not here. The card's
+    metrics, corpus statistics and config come from what the run stored in the checkpoint (the module's
+    baseline, ``HFExport``'s state)."""
+    progress = progress or Progress("export")
+    # The checkpoint, a local base model and what the run read (as the checkpoint records it: the model it
+    # started from above all) must survive the export, whatever overwrite says. The metadata is read
+    # without the weights, so a refused output costs nothing.
+    saved = checkpoint_metadata(ckpt_path, key="--ckpt_path")
+    recorded = hparams_inputs(saved.get("hyper_parameters"), saved.get("datamodule_hyper_parameters"))
+    inputs = {
+        "--ckpt_path": [ckpt_path],
+        "--base_model": [base_model] if base_model else [],
+        **{f"{key} in the checkpoint": paths for key, paths in recorded.items()},
+    }
+    output = Output(output_dir, key="--output_dir", overwrite=options.overwrite, inputs=inputs)
+    check_output(output)
+    if options.push_to_hub:
+        check_hub_access(options.repo_id)
+    with progress.phase(f"loading {ckpt_path}"):
+        checkpoint = load_checkpoint(ckpt_path)
+        module = module_from_checkpoint(checkpoint, base_model)
+    tokenizer = tokenizer_for(checkpoint, base_model)
+    state = callback_state(checkpoint, HFExport.__qualname__)
+    history = {int(k): v for k, v in (state.get("val_history") or {}).items()}
+    final, final_step = val_metrics_at(history, checkpoint.get("global_step"))
+    info = ExportInfo(
+        model_hparams=dict(checkpoint.get("hyper_parameters") or {}),
+        data_hparams=dict(checkpoint.get("datamodule_hyper_parameters") or {}),
+        baseline_metrics=module.baseline_metrics,
+        final_metrics=final,
+        final_metrics_step=final_step,
+        corpus_stats=dict(state.get("corpus_stats") or {}),
+        config_yaml=state.get("config_yaml"),
+        source=f"checkpoint {ckpt_path}",
+        global_step=checkpoint.get("global_step"),
+        epoch=checkpoint.get("epoch"),
+        license=options.license,
+        tags=list(options.tags),
+        repo_id=options.repo_id if options.push_to_hub else None,
+        replay=replay_summary((checkpoint.get(MLMDataModule.__qualname__) or {}).get("replay")),
+    )
+    diff = write_export(module.model, tokenizer, output, info, verify=options.verify, progress=progress)
+    url = None
+    if options.push_to_hub:
+        with progress.phase(f"uploading to the Hub ({options.repo_id})"):
+            url = push_folder(
+                Path(output_dir), options.repo_id, options.private, options.revision, options.commit_message
+            )
+    return ExportResult(info, diff, url)

@@ -22,22 +22,12 @@ DEFAULT_TAGS = ("bert", "fill-mask", "chinese", "whole-word-masking", "domain-ad
 class ExportInfo:
     """What the model card says about the run (all optional: missing facts are left out of the card).
 
-    Args:
-        model_hparams: ``MaskedLMModule`` hyperparameters (base model, sequence length, schedule).
-        data_hparams: ``MLMDataModule`` hyperparameters (files, segmenter, masking probabilities).
-        baseline_metrics: Validation metrics of the unadapted model (step 0).
-        final_metrics: Validation metrics of the exported weights.
-        final_metrics_step: The global step at which ``final_metrics`` were measured.
-        corpus_stats: ``MLMDataModule.corpus_stats`` (documents, characters, tokens, examples).
-        config_yaml: The resolved training config as written by LightningCLI.
-        source: Which weights were exported (e.g. ``best checkpoint by val/loss: PATH``).
-        global_step: Optimizer steps of the exported weights.
-        epoch: Epoch of the exported weights.
-        license: License identifier for the card metadata.
-        tags: Hub tags.
-        repo_id: Hub repository, used in the card's usage example.
-        replay: What general-text replay under ``data.forgetting_budget`` did
-            (:func:`~mlm_adapt.data.replay.replay_summary`): the rate trajectory and whether the budget held.
+    ``model_hparams`` and ``data_hparams`` are the modules' hyper-parameters; ``baseline_metrics`` the
+    validation metrics of the unadapted model (step 0), ``final_metrics`` those of the exported weights
+    (at ``final_metrics_step``); ``config_yaml`` LightningCLI's resolved config; ``source`` which weights were
+    exported (e.g. ``best checkpoint by val/loss: PATH``); ``repo_id`` the Hub repository of the usage
+    example; ``replay`` what replay under ``data.forgetting_budget`` did
+    (:func:`~mlm_adapt.data.replay.replay_summary`).
     """
 
     model_hparams: dict[str, Any] = field(default_factory=dict)
@@ -83,11 +73,6 @@ def _is_hub_id(name: str) -> bool:
 _VERBATIM = ("training data", "masking", "validation data", "mlm_probability", "general text replayed")
 
 
-def _masking_rate(value: Any) -> str | None:
-    """``data.mlm_probability`` as the card shows it: the rate, or the schedule's points."""
-    return None if value is None else parse_schedule(value).describe()
-
-
 def _fmt(value: Any, digits: int | None = None) -> str:
     if isinstance(value, bool):
         return str(value).lower()
@@ -108,7 +93,7 @@ def _training_settings(info: ExportInfo) -> list[tuple[str, Any]]:
     if isinstance(optimizer, dict):
         args = ", ".join(f"{k}={v}" for k, v in (optimizer.get("init_args") or {}).items())
         optimizer = f"{optimizer.get('class_path', '?').rsplit('.', 1)[-1]}({args})"
-    rows = [
+    return [  # rows without a value are left out by the caller
         ("exported weights", info.source or None),
         ("global step", info.global_step),
         ("epoch", info.epoch),
@@ -123,18 +108,18 @@ def _training_settings(info: ExportInfo) -> list[tuple[str, Any]]:
         ("strategy", trainer.get("strategy") if isinstance(trainer.get("strategy"), str) else None),
         ("accumulate_grad_batches", trainer.get("accumulate_grad_batches")),
     ]
-    return [(k, v) for k, v in rows if v is not None]
 
 
 def _replay_rows(data: dict[str, Any]) -> list[tuple[str, Any]]:
     """The Corpus rows about general-text replay (``data.mix_files``), if the run replayed any."""
     if not data.get("mix_files"):
         return []
-    if data.get("forgetting_budget") is None:
-        rate = parse_mix_rate(data.get("mix_probability") or 0.0).describe()
-        return [("general text replayed", f"{_fmt(data['mix_files'])} at mix rate {rate}")]
-    how = f"{_fmt(data['mix_files'])}, mix rate set by data.forgetting_budget={data['forgetting_budget']}"
-    return [("general text replayed", how)]
+    budget = data.get("forgetting_budget")
+    if budget is None:
+        how = f" at mix rate {parse_mix_rate(data.get('mix_probability') or 0.0).describe()}"
+    else:
+        how = f", mix rate set by data.forgetting_budget={budget}"
+    return [("general text replayed", _fmt(data["mix_files"]) + how)]
 
 
 def _replay_lines(replay: dict[str, Any]) -> list[str]:
@@ -170,6 +155,7 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     """The ``README.md`` model card: Hub metadata, before/after metrics, corpus, masking and training."""
     base = str(info.model_hparams.get("model_name_or_path", "unknown"))
     data = info.data_hparams
+    rate = data.get("mlm_probability")  # a rate or a schedule's points
     metadata = ModelCardData(
         language="zh",
         license=info.license,
@@ -205,14 +191,12 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     ]
     before, after = info.baseline_metrics, info.final_metrics
     if before or after:
-        after_head = (
-            f"after (step {info.final_metrics_step})" if info.final_metrics_step is not None else "after"
-        )
+        step = info.final_metrics_step
+        after_head = f"after (step {step})" if step is not None else "after"
         lines += [f"| metric | before (step 0, `{base}`) | {after_head} |", "|---|---:|---:|"]
         for name in before_after_names(before, after):
-            b, a = before.get(name), after.get(name)
-            cells = [_fmt(v, 4) if v is not None else "n/a" for v in (b, a)]
-            lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+            b, a = (_fmt(v[name], 4) if v.get(name) is not None else "n/a" for v in (before, after))
+            lines.append(f"| {name} | {b} | {a} |")
     else:
         lines.append("No validation metrics were recorded for this checkpoint.")
     files = data.get("train_files") or ([data["dataset_name"]] if data.get("dataset_name") else [])
@@ -227,7 +211,7 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         ("segmented through OpenCC", data.get("opencc")),  # Traditional text, Simplified segmentation
         ("jieba HMM", data.get("hmm")),
         ("user dictionary", data.get("user_dict")),
-        ("mlm_probability", _masking_rate(data.get("mlm_probability"))),
+        ("mlm_probability", None if rate is None else parse_schedule(rate).describe()),
         ("eval_mlm_probability (validation masks)", data.get("eval_mlm_probability")),
         ("mask_replace_prob ([MASK])", data.get("mask_replace_prob")),
         ("random_replace_prob (random token)", data.get("random_replace_prob")),

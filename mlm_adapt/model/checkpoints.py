@@ -22,56 +22,45 @@ from mlm_adapt.model.module import NEW_TOKENS_KEY, MaskedLMModule
 from mlm_adapt.text.tokenizer import extend_tokenizer, load_tokenizer
 
 
-def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any]:
-    """Loads a Lightning checkpoint into CPU memory as one full (consolidated) dictionary.
-
-    A file is what the trainer writes under single-device, DDP and FSDP with ``state_dict_type="full"``;
-    a directory holding ``meta.pt`` is an FSDP sharded checkpoint, consolidated here with Lightning's
-    own utilities (the same as ``python -m lightning.pytorch.utilities.consolidate_checkpoint``). Both are
-    read weights-only (:mod:`mlm_adapt.guard.loads`): a file that would run code is refused.
-
-    Args:
-        path: The ``.ckpt`` file or the sharded checkpoint directory.
-        key: The option that named ``path``, for error messages.
-    """
+def _checkpoint_path(path: str | Path, key: str) -> tuple[Path, bool]:
+    """``path`` and whether it is an FSDP sharded checkpoint directory; one line if it is neither that nor
+    a file (a DeepSpeed directory gets its conversion)."""
     path = Path(path)
     if not path.exists():
         raise MLMAdaptError(f"{key}: {path} does not exist; give a .ckpt file the trainer wrote")
-    if path.is_dir():
-        if is_sharded_checkpoint(path):
-            return _format_checkpoint(load_sharded(path, key))
-        raise _not_a_checkpoint_directory(path, key)
+    if not path.is_dir():
+        return path, False
+    if is_sharded_checkpoint(path):
+        return path, True
+    if (path / "latest").is_file() or (path / "checkpoint").is_dir():
+        raise MLMAdaptError(
+            f"{key}: {path} is a DeepSpeed checkpoint; make it one file first with lightning.pytorch."
+            "utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict(DIR, FILE.ckpt)"
+        )
+    raise MLMAdaptError(
+        f"{key}: {path} is a directory but neither a checkpoint (no .metadata: not FSDP shards) nor, "
+        "having no config.json, a Hugging Face model directory; give a .ckpt file the trainer wrote"
+    )
+
+
+def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any]:
+    """Loads a Lightning checkpoint into CPU memory as one full dictionary, weights-only (a file that would
+    run code is refused): a file (single device, DDP, FSDP ``full``) or an FSDP sharded directory,
+    consolidated by Lightning's own utilities (as ``lightning.pytorch.utilities.consolidate_checkpoint``)."""
+    path, sharded = _checkpoint_path(path, key)
+    if sharded:
+        return _format_checkpoint(load_sharded(path, key))
     checkpoint = load_weights_only(path, key)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise MLMAdaptError(f"{key}: {path} has no 'state_dict'; give a checkpoint written by the trainer")
     return checkpoint
 
 
-def _not_a_checkpoint_directory(path: Path, key: str) -> MLMAdaptError:
-    """The one line for a directory that holds no FSDP shards (a DeepSpeed one gets its conversion)."""
-    if (path / "latest").is_file() or (path / "checkpoint").is_dir():
-        return MLMAdaptError(
-            f"{key}: {path} is a DeepSpeed checkpoint; make it one file first with lightning.pytorch."
-            "utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict(DIR, FILE.ckpt)"
-        )
-    return MLMAdaptError(
-        f"{key}: {path} is a directory but neither a checkpoint (no .metadata: not FSDP shards) nor, "
-        "having no config.json, a Hugging Face model directory; give a .ckpt file the trainer wrote"
-    )
-
-
 def checkpoint_metadata(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
-    """A checkpoint's entries without reading its weights (hyper-parameters, step, callback states).
-
-    The whole pickle is still checked weights-only (a crafted file is refused here, before Lightning
-    reads it); tensors are memory-mapped, not read. For an FSDP sharded directory: its ``meta.pt``.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise MLMAdaptError(f"{key}: {path} does not exist; give a .ckpt file the trainer wrote")
-    if path.is_dir():
-        if not is_sharded_checkpoint(path):
-            raise _not_a_checkpoint_directory(path, key)
+    """A checkpoint's entries without reading its weights (memory-mapped), the whole pickle still checked
+    weights-only before Lightning reads it; for an FSDP sharded directory, its ``meta.pt``."""
+    path, sharded = _checkpoint_path(path, key)
+    if sharded:
         check_sharded_metadata(path, key)
         meta = path / _METADATA_FILENAME
         return load_weights_only(meta, key) if meta.is_file() else {}
@@ -82,12 +71,8 @@ def checkpoint_metadata(path: str | Path, key: str = "ckpt_path") -> dict[str, A
 
 
 def checkpoint_new_tokens(checkpoint: dict[str, Any], key: str = "--ckpt_path") -> list[str]:
-    """The tokens ``model.new_tokens_file`` added in the run, as the checkpoint holds them.
-
-    Never read from the file the checkpoint's hyper-parameters name: a checkpoint is data, and one crafted to
-    name ``~/.aws/credentials`` there would otherwise have its lines added to the tokenizer and published
-    with the export.
-    """
+    """The tokens ``model.new_tokens_file`` added in the run, as the checkpoint holds them: never read from
+    the file it names (a checkpoint crafted to name ``~/.aws/credentials`` would publish its lines)."""
     tokens = checkpoint.get(NEW_TOKENS_KEY)
     if tokens is not None:
         if not isinstance(tokens, list) or not all(isinstance(t, str) and t for t in tokens):
@@ -109,16 +94,9 @@ def checkpoint_new_tokens(checkpoint: dict[str, Any], key: str = "--ckpt_path") 
 def module_from_checkpoint(
     checkpoint: dict[str, Any], base_model: str | None = None, key: str = "--ckpt_path"
 ) -> MaskedLMModule:
-    """Rebuilds the trained ``MaskedLMModule`` (in eval mode, on CPU) from a loaded checkpoint.
-
-    The architecture comes from the base model's config (``hyper_parameters.model_name_or_path``, or
-    ``base_model``); its weights are not loaded, the checkpoint's replace them.
-
-    Args:
-        checkpoint: What :func:`load_checkpoint` returned.
-        base_model: Directory or Hub name of the base model, when the recorded one is not available here.
-        key: The option that named the checkpoint, for error messages.
-    """
+    """Rebuilds the trained ``MaskedLMModule`` (in eval mode, on CPU) from a loaded checkpoint (named by
+    ``key``). The architecture comes from the config of the base model the checkpoint records, or of
+    ``base_model`` when that one is not available here; the checkpoint's weights replace its own."""
     hparams = dict(checkpoint.get("hyper_parameters") or {})
     if "model_name_or_path" not in hparams and base_model is None:
         raise MLMAdaptError(f"{key}: the checkpoint records no model.model_name_or_path; pass --base_model")
@@ -151,8 +129,7 @@ def module_from_checkpoint(
             f"{key}: the checkpoint's weights do not fit {kwargs['model_name_or_path']!r} "
             f"(missing {missing[:3]}, unexpected {unexpected[:3]}); pass the right --base_model"
         )
-    if hasattr(module.model, "tie_weights"):
-        module.model.tie_weights()
+    module.model.tie_weights()
     module.on_load_checkpoint(checkpoint)
     return module.eval()
 
@@ -166,12 +143,7 @@ def callback_state(checkpoint: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def tokenizer_for(checkpoint: dict[str, Any], base_model: str | None = None) -> PreTrainedTokenizerBase:
-    """The tokenizer a checkpoint was trained with, new tokens (``model.new_tokens_file``) included.
-
-    Args:
-        checkpoint: What :func:`load_checkpoint` returned.
-        base_model: Directory or Hub name of the base model, when the recorded one is not available here.
-    """
+    """The tokenizer a checkpoint was trained with (or ``base_model``'s), its new tokens included."""
     model_hparams = checkpoint.get("hyper_parameters") or {}
     data_hparams = checkpoint.get("datamodule_hyper_parameters") or {}
     name = base_model or data_hparams.get("tokenizer_name_or_path") or model_hparams.get("model_name_or_path")

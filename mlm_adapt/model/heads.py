@@ -1,8 +1,8 @@
-"""The masked-only vocabulary projection: the encoder runs on the batch, the head on masked rows only.
+"""Around the encoder: the masked-only vocabulary projection, and attention within each document.
 
-The head (transform + vocabulary projection) costs ``hidden x vocab`` per position; only ~15% of positions are
-predicted, so projecting just those saves most of it with an identical loss. Each family names its encoder
-and head differently, and some heads take extra inputs; :func:`split_head` knows them:
+**Masked-only head.** The head costs ``hidden x vocab`` per position; projecting only the ~15% of positions
+that are predicted saves most of it, with an identical loss. :func:`split_head` knows each family's encoder
+and head (any other model gets the full logits, with one info line):
 
 ============================== ========================== ==================================================
 family                         encoder                    head (applied to ``(N, hidden)`` rows)
@@ -15,7 +15,21 @@ ELECTRA generator              ``electra``                ``generator_lm_head(ge
 ModernBERT                     ``model``                  ``decoder(head(h))``
 ============================== ========================== ==================================================
 
-Any other model falls back to the full logits (with one info line): correct, only slower.
+**Document attention** (``data.document_attention: true``). :func:`document_inputs` turns the collator's
+``document_ids`` (``-1`` on padding) and ``position_ids`` into a block-diagonal 4D mask (boolean for SDPA,
+additive for eager; transformers passes 4D masks through unchanged) and family-specific position ids, so a
+document's logits are those of the document run alone:
+
+========================= ================================================================================
+family                    how
+========================= ================================================================================
+BERT, ELECTRA, ALBERT     4D mask; absolute positions restart at 0
+RoBERTa, XLM-R            4D mask; positions restart at ``padding_idx + 1`` (what RoBERTa counts from)
+ModernBERT                a 4D mask per layer type: global layers block-diagonal, local layers also
+                          within the sliding window; rotary positions restart at 0
+DeBERTa-v2/v3             refused: its embeddings and convolution read the 2D mask
+others, FlashAttention-2  refused at setup with one line
+========================= ================================================================================
 """
 
 from __future__ import annotations
@@ -29,19 +43,16 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from transformers import PreTrainedModel
 
+from mlm_adapt.errors import MLMAdaptError
+
 # Heads that map hidden states of any leading shape to vocabulary logits, by attribute name.
 _PLAIN_HEADS = ("cls", "lm_head", "predictions")
 
 
 @dataclass
 class HeadSplit:
-    """A masked LM cut in two.
-
-    Attributes:
-        encoder: The base model; ``encoder(input_ids=..., attention_mask=...)[0]`` is ``(B, L, hidden)``.
-        head: Maps ``(N, hidden)`` hidden states to ``(N, vocab)`` logits.
-        modules: The modules that hold the computation (for in-place ``torch.compile``).
-    """
+    """A masked LM cut in two: the base model, the head from ``(N, hidden)`` states to ``(N, vocab)`` logits,
+    and the modules that hold the computation (for in-place ``torch.compile``)."""
 
     encoder: nn.Module
     head: Callable[[torch.Tensor], torch.Tensor]
@@ -66,12 +77,10 @@ def split_head(model: PreTrainedModel) -> HeadSplit | None:
             return _unsupported(model, "no decoder")
         transform, decoder = model.head, model.decoder
         return HeadSplit(encoder, lambda h: decoder(transform(h)), (encoder, transform, decoder))
-    if name.startswith("DebertaV2") or name.startswith("Deberta"):
+    if name.startswith("Deberta"):  # DebertaV2 too
         if getattr(model.config, "legacy", True):
-            head = model.cls
-            return HeadSplit(encoder, head, (encoder, head))
-        head = model.lm_predictions
-        embeddings = encoder.embeddings.word_embeddings
+            return HeadSplit(encoder, model.cls, (encoder, model.cls))
+        head, embeddings = model.lm_predictions, encoder.embeddings.word_embeddings
         return HeadSplit(encoder, lambda h: head(h, embeddings), (encoder, head))
     for attribute in _PLAIN_HEADS:
         head = getattr(model, attribute, None)
@@ -85,4 +94,58 @@ def _unsupported(model: nn.Module, why: str) -> None:
         f"model.masked_only_head: {type(model).__name__} has an unknown masked-LM head ({why}); "
         "computing the full logits instead"
     )
-    return None
+
+
+SUPPORTED_FAMILIES = ("bert", "electra", "albert", "roberta", "xlm-roberta", "camembert", "modernbert")
+KERNELS = ("sdpa", "eager")
+
+
+def check_document_attention(model: PreTrainedModel) -> None:
+    """Raises one line when ``model`` cannot keep attention within documents."""
+    model_type = model.config.model_type
+    if model_type not in SUPPORTED_FAMILIES:
+        why = "its embeddings read the 2D padding mask" if model_type.startswith("deberta") else "not tested"
+        raise MLMAdaptError(
+            f"data.document_attention: {type(model).__name__} ({why}) cannot attend within documents; "
+            f"set data.document_attention: false (supported: {', '.join(SUPPORTED_FAMILIES)})"
+        )
+    kernel = model.config._attn_implementation
+    if kernel not in KERNELS:
+        raise MLMAdaptError(
+            f"data.document_attention needs model.attn_implementation sdpa or eager, not {kernel!r}"
+        )
+
+
+def _format(allowed: torch.Tensor, kernel: str, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean ``(B, L, L)`` pattern as the kernel's 4D mask: boolean (SDPA) or additive (eager)."""
+    allowed = allowed[:, None]
+    if kernel == "sdpa":
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min
+    )
+
+
+def document_inputs(
+    model: PreTrainedModel,
+    attention_mask: torch.Tensor,
+    document_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+) -> dict[str, torch.Tensor | dict[str, torch.Tensor]]:
+    """``attention_mask`` and ``position_ids`` keyword arguments for ``model`` (its family and kernel decide
+    the format) that keep attention within documents; ``attention_mask`` is 1 on keys that may be attended
+    (0 on padding or excluded ``[MASK]``), ``position_ids`` restart at 0 in every document."""
+    # Padding attends to padding only: no row is empty (an all-masked row would turn into NaN).
+    keys = attention_mask.bool() | (document_ids < 0)
+    allowed = (document_ids[:, :, None] == document_ids[:, None, :]) & keys[:, None, :]
+    kernel = model.config._attn_implementation
+    dtype = next(model.parameters()).dtype
+    embeddings = getattr(model.base_model, "embeddings", None)
+    if hasattr(embeddings, "create_position_ids_from_input_ids"):  # RoBERTa-style: counts from pad + 1
+        position_ids = position_ids + embeddings.padding_idx + 1
+    mask = _format(allowed, kernel, dtype)
+    if model.config.model_type == "modernbert":
+        index = torch.arange(allowed.shape[-1], device=allowed.device)
+        window = (index[:, None] - index[None, :]).abs() <= model.config.sliding_window
+        mask = {"full_attention": mask, "sliding_attention": _format(allowed & window, kernel, dtype)}
+    return {"attention_mask": mask, "position_ids": position_ids}

@@ -1,11 +1,6 @@
-"""Loading a masked LM: its size against the memory before anything is allocated, decoder checkpoints
-refused, new tokens added (the head split is in ``heads``).
-
-An absurd ``vocab_size``, ``hidden_size`` or ``num_hidden_layers`` would otherwise end in torch's
-``DefaultCPUAllocator: can't allocate memory`` after minutes of swapping, and a ``config.json`` edited away
-from its weights in transformers' ``ignore_mismatched_sizes`` traceback. The model is built on the ``meta``
-device (shapes, no storage) to count its parameters exactly for any family; weight files give their shapes
-without being read (:func:`mlm_adapt.guard.loads.weight_shapes`).
+"""Loading a masked LM: its size against the memory and its weights against its config before anything is
+allocated (else an absurd size ends in torch's allocator error after minutes of swapping, and an edited
+``config.json`` in transformers' ``ignore_mismatched_sizes`` traceback), decoders refused, new tokens added.
 """
 
 from __future__ import annotations
@@ -50,13 +45,8 @@ _GB = 1e9
 
 @dataclass(frozen=True)
 class ModelSize:
-    """What a config describes.
-
-    Attributes:
-        parameters: Parameter count (tied weights once).
-        bytes_per_value: Size of one value in the dtype the model is built in.
-        model: The meta-device model, when it was built whole (for comparing shapes).
-    """
+    """What a config describes: its parameter count (tied weights once), the bytes of one value in its
+    dtype, and its meta-device model when it was built whole (for comparing shapes)."""
 
     parameters: int
     bytes_per_value: int
@@ -81,11 +71,8 @@ def _count(model: PreTrainedModel) -> int:
 
 
 def model_size(config: PretrainedConfig) -> ModelSize:
-    """Counts the parameters ``config`` describes without allocating them.
-
-    Up to :data:`EXACT_DEPTH` layers the whole model is built on the meta device; deeper ones are counted
-    from builds of 2 and 3 layers (the first layer may differ, as in ModernBERT; the others repeat).
-    """
+    """Counts the parameters ``config`` describes on the meta device, built whole up to :data:`EXACT_DEPTH`
+    layers, else from builds of 2 and 3 layers (the first may differ, as in ModernBERT; the others repeat)."""
     dtype = getattr(config, "dtype", None)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     width = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
@@ -104,9 +91,14 @@ def model_size(config: PretrainedConfig) -> ModelSize:
     return ModelSize(counts[0] + (depth - 2) * (counts[1] - counts[0]), width)
 
 
-def _ram_available() -> int | None:
-    """Linux's ``MemAvailable`` (what can be allocated without swapping), or less under a cgroup v2 memory
-    limit (a container's); ``None`` elsewhere."""
+def available_memory(device: torch.device | str = "cpu") -> int | None:
+    """Free bytes on ``device``: CUDA's free memory; for ``cpu`` Linux's ``MemAvailable`` (what can be
+    allocated without swapping), or less under a cgroup v2 memory limit (a container's); else ``None``."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
     known = []
     with contextlib.suppress(OSError, AttributeError):
         meminfo = Path("/proc/meminfo").read_text(encoding="ascii")
@@ -116,14 +108,6 @@ def _ram_available() -> int | None:
         limit = int((cgroup / "memory.max").read_text(encoding="ascii"))
         known.append(limit - int((cgroup / "memory.current").read_text(encoding="ascii")))
     return min(known) if known else None
-
-
-def available_memory(device: torch.device | str = "cpu") -> int | None:
-    """Free bytes on ``device`` (``cpu`` or ``cuda``): CUDA's free memory, else RAM; ``None`` when unknown."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    return _ram_available() if device.type == "cpu" else None
 
 
 def _where(device: torch.device) -> str:
@@ -152,33 +136,22 @@ def check_fits(
     device: torch.device | str = "cpu",
     already_held: int = 0,
 ) -> None:
-    """Refuses, in one line naming ``source``, a model that cannot fit in ``device``'s free memory.
-
-    Args:
-        config: The config the size was counted from (its sizes are quoted).
-        size: Its :func:`model_size`.
-        source: The config file as the message names it.
-        key: The setting that named the model.
-        training: Count gradients and AdamW's moments too, not only the parameters.
-        device: Where the bytes must fit.
-        already_held: Bytes of the model already in ``device``'s memory (not counted again).
-    """
+    """Refuses, in one line naming ``key`` and ``source`` (the config file), a model of ``size`` that cannot
+    fit in ``device``'s free memory, with its gradients and AdamW's moments when ``training``, less the
+    ``already_held`` bytes of it there."""
     device = torch.device(device)
     available = available_memory(device)
     needed = size.needed(training) - already_held
     if available is None or needed <= available:
         return
     shown = ", ".join(f"{name} {getattr(config, name)}" for name in _SHOWN_SIZES if hasattr(config, name))
-    dtype = {2: "16-bit", 4: "float32", 8: "float64"}.get(
-        size.bytes_per_value, f"{size.bytes_per_value}-byte"
-    )
-    what = (
-        f"training them in {dtype} needs ~{_gb(needed)} GB (parameters, gradients and AdamW's two moments)"
-        if training
-        else f"loading them in {dtype} needs ~{_gb(needed)} GB"
-    )
+    width = size.bytes_per_value
+    dtype = {2: "16-bit", 4: "float32", 8: "float64"}.get(width, f"{width}-byte")
+    what = "training" if training else "loading"
+    state = " (parameters, gradients and AdamW's two moments)" if training else ""
     raise MLMAdaptError(
-        f"{key}: {source} describes {size.parameters / 1e9:.2f} B parameters ({shown}); {what}, "
+        f"{key}: {source} describes {size.parameters / 1e9:.2f} B parameters ({shown}); {what} them in "
+        f"{dtype} needs ~{_gb(needed)} GB{state}, "
         f"{_where(device)} {_gb(available)} GB available; lower these sizes in the config (or pick a smaller "
         "model), or train where more memory is free (a larger GPU, or FSDP/DeepSpeed across several)"
     )
@@ -193,15 +166,9 @@ def _model_key(name: str, model_keys: set[str], prefix: str) -> str | None:
 
 
 def check_weight_shapes(directory: Path, model: PreTrainedModel, key: str) -> None:
-    """Refuses weight files whose tensors disagree in shape with the model ``config.json`` describes.
-
-    Only tensors present on both sides are compared (a checkpoint may leave out tied or unused heads); the
-    message names both files, the first tensor that disagrees, both shapes and how many had no counterpart.
-
-    Args:
-        directory: A local model directory.
-        model: Its meta-device model (:func:`meta_masked_lm` of its config).
-        key: The setting that named the directory.
+    """Refuses weight files of ``directory`` whose tensors disagree in shape with ``model`` (the meta-device
+    model of its ``config.json``), naming both files, the first tensor, both shapes and how many tensors had
+    no counterpart. Only tensors on both sides are compared (a checkpoint may leave out tied or unused heads).
     """
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     prefix = getattr(model, "base_model_prefix", "") or ""
@@ -224,27 +191,18 @@ def check_weight_shapes(directory: Path, model: PreTrainedModel, key: str) -> No
 def check_masked_lm(
     config: PretrainedConfig, name: str, key: str, pretrained: bool, training: bool
 ) -> ModelSize:
-    """Every check before a masked LM is allocated: its weight files against its config, then its size.
-
-    Args:
-        config: The model's config.
-        name: Hub name or local directory it came from.
-        key: The setting that named it.
-        pretrained: Its weights will be loaded (a local directory's files are then compared).
-        training: Its gradients and AdamW's moments must fit in RAM too.
-
-    Returns:
-        Its size.
-    """
+    """Every check before the masked LM ``config`` (from ``name``, named by ``key``) is allocated: when
+    ``pretrained``, a local directory's weight files against the config; then its size (with training's
+    gradients and AdamW moments when ``training``). Returns the size."""
     try:
         size = model_size(config)
     except Exception as exc:  # the model's own constructor rejects its config (ValueError, IndexError, ...)
         if isinstance(exc, ValueError) and "Unrecognized configuration class" in str(exc):
             raise  # no masked-LM head: the caller names that
-        reason = exception_line(exc)
         raise MLMAdaptError(
             f"{key}: {config_source(name)} describes no model transformers can build "
-            f"({type(exc).__name__}: {reason}); fix the config or give a save_pretrained directory"
+            f"({type(exc).__name__}: {exception_line(exc)}); fix the config or give a save_pretrained "
+            "directory"
         ) from None
     path = Path(name).expanduser()
     directory = path if pretrained and path.is_dir() else None
@@ -257,46 +215,22 @@ def check_masked_lm(
 
 
 def check_trainer_fits(
-    model: PreTrainedModel,
-    name: str,
-    key: str,
-    device: torch.device,
-    precision: str,
-    training: bool,
+    model: PreTrainedModel, name: str, key: str, device: torch.device, precision: str, training: bool
 ) -> None:
-    """Refuses, before any data is read, a loaded model that the trainer's device cannot hold.
-
-    Args:
-        model: The loaded model (in RAM).
-        name: Hub name or local directory it came from.
-        key: The setting that named it.
-        device: The trainer's root device; with a sharding strategy, do not call this (each device then
-            holds only a share).
-        precision: The trainer's precision (``16-true``/``bf16-true`` keep 2 bytes a value).
-        training: Count gradients and AdamW's moments too.
-    """
+    """Refuses, before any data is read, a loaded model (in RAM) that the trainer's root ``device`` cannot
+    hold at its ``precision``; not for sharding strategies, where each device holds only a share."""
     params = list(model.parameters())
     width = params[0].element_size() if params else 4
-    if precision in ("16-true", "bf16-true"):
-        width = 2
-    elif precision == "64-true":
-        width = 8
+    width = {"16-true": 2, "bf16-true": 2, "64-true": 8}.get(precision, width)
     size = ModelSize(_count(model), width)
     held = size.needed(False) if device.type == "cpu" else 0
     check_fits(model.config, size, config_source(name), key, training, device, already_held=held)
 
 
 def pretrained_masked_lm(name: str, key: str, training: bool = False, **kwargs: Any) -> PreTrainedModel:
-    """``AutoModelForMaskedLM.from_pretrained`` without code, after checking the weight files and the size.
-
-    A ``ValueError`` other than a refused file is left to the caller (an architecture without an MLM head).
-
-    Args:
-        name: Hub name or local directory.
-        key: The setting that named it (the messages start with it).
-        training: Its gradients and AdamW's moments must fit in RAM too, not only its parameters.
-        **kwargs: For ``from_pretrained`` (``config``: the already loaded config).
-    """
+    """``AutoModelForMaskedLM.from_pretrained(name, **kwargs)`` without code, after :func:`check_masked_lm`
+    (messages start with ``key``). A ``ValueError`` other than a refused file is left to the caller (an
+    architecture without an MLM head)."""
     check_local(name, key, check_config_dir, check_weight_files)
     config = kwargs.get("config") or pretrained_config(name, key)
     check_masked_lm(config, name, key, pretrained=True, training=training)
@@ -311,17 +245,9 @@ def pretrained_masked_lm(name: str, key: str, training: bool = False, **kwargs: 
 def load_masked_lm(
     model_name_or_path: str, pretrained: bool = True, attn_implementation: str | None = "sdpa"
 ) -> PreTrainedModel:
-    """Loads a masked-LM, refusing decoder and causal-LM checkpoints with a one-line reason.
-
-    Before anything is allocated, its size is checked against the free RAM (the whole training state when
-    no GPU is visible, else the parameters) and a local directory's weights against its ``config.json``.
-
-    Args:
-        model_name_or_path: Hub name or local directory.
-        pretrained: Load the weights (``False``: random init from the config, i.e. pretraining from scratch).
-        attn_implementation: ``sdpa``, ``eager`` or ``None`` for the library default; ``sdpa`` falls back to
-            the default (with an info line) for a model class without SDPA support (DeBERTa-v2).
-    """
+    """Loads a masked LM (random init from the config unless ``pretrained``), refusing decoder and causal-LM
+    checkpoints in one line; ``sdpa`` attention falls back to the default (with an info line) for a model
+    class without it (DeBERTa-v2)."""
     key = "model.model_name_or_path"
     config = pretrained_config(model_name_or_path, key)
     architectures = config.architectures or []
@@ -331,10 +257,8 @@ def load_masked_lm(
             f"({', '.join(architectures) or 'is_decoder=True'}); "
             "its loss shifts labels by one position. Use a masked-LM checkpoint (e.g. BertForMaskedLM)"
         )
-    if attn_implementation == "sdpa" and not getattr(
-        MODEL_FOR_MASKED_LM_MAPPING.get(type(config), None), "_supports_sdpa", True
-    ):
-        # DeBERTa-v2/v3 has no SDPA kernel in transformers: its own (eager) attention is the only one.
+    masked_lm_class = MODEL_FOR_MASKED_LM_MAPPING.get(type(config), None)
+    if attn_implementation == "sdpa" and not getattr(masked_lm_class, "_supports_sdpa", True):
         rank_zero_info(
             f"model.attn_implementation: {config.model_type} has no SDPA attention; using its default instead"
         )
@@ -344,13 +268,8 @@ def load_masked_lm(
     training = not torch.cuda.is_available()
     try:
         if pretrained:
-            return pretrained_masked_lm(
-                model_name_or_path,
-                key,
-                training=training,
-                config=config,
-                attn_implementation=attn_implementation,
-            )
+            kwargs = {"config": config, "attn_implementation": attn_implementation}
+            return pretrained_masked_lm(model_name_or_path, key, training=training, **kwargs)
         check_masked_lm(config, model_name_or_path, key, pretrained=False, training=training)
         return AutoModelForMaskedLM.from_config(
             config, attn_implementation=attn_implementation, trust_remote_code=TRUST_REMOTE_CODE
@@ -365,12 +284,9 @@ def load_masked_lm(
 
 
 def position_limit(model: PreTrainedModel) -> tuple[int | None, str]:
-    """The longest sequence ``model``'s own position table can index, and how that was found.
-
-    BERT-style tables index positions ``0..rows-1``; RoBERTa-style ones (XLM-R, CamemBERT: embeddings with a
-    ``padding_idx``) number positions from ``padding_idx + 1``, so ``max_position_embeddings`` 514 holds 512
-    tokens. Rotary or relative positions (ModernBERT, DeBERTa-v2) have no table: the config's nominal value.
-    """
+    """The longest sequence ``model``'s position table can index, and how that was found: RoBERTa-style
+    tables (with a ``padding_idx``) count from ``padding_idx + 1`` (514 rows hold 512 tokens); rotary or
+    relative positions (ModernBERT, DeBERTa-v2) have no table: the config's nominal value."""
     nominal = getattr(model.config, "max_position_embeddings", None)
     base = getattr(model, getattr(model, "base_model_prefix", ""), model)
     embeddings = getattr(base, "embeddings", None)
@@ -389,16 +305,8 @@ def position_limit(model: PreTrainedModel) -> tuple[int | None, str]:
 def extend_embeddings(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tokens: Sequence[str]
 ) -> list[str]:
-    """Extends ``tokenizer`` (in place) and resizes ``model``, each new row the mean of its old pieces.
-
-    Args:
-        model: A masked-LM whose vocabulary matches ``tokenizer``.
-        tokenizer: Its tokenizer, before the new tokens are added.
-        tokens: Tokens to add.
-
-    Returns:
-        The tokens actually added (those not already in the vocabulary).
-    """
+    """Adds ``tokens`` to ``tokenizer`` (in place) and resizes ``model``, each new row the mean of its old
+    pieces; returns the tokens actually added (those not already in the vocabulary)."""
     vocab = tokenizer.get_vocab()
     new = [t for t in tokens if t not in vocab]
     if not new:

@@ -1,7 +1,4 @@
-"""Masked-LM metrics beyond torchmetrics' own: word-level accuracy, and the before/after table.
-
-Word accuracy: a masked word counts as right only if all its masked tokens are.
-"""
+"""Masked-LM metrics beyond torchmetrics' own: word-level accuracy, and the before/after table."""
 
 from __future__ import annotations
 
@@ -21,12 +18,8 @@ def word_keys(word_ids: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
 
 
 class WordAccuracy(Metric):
-    """Fraction of masked words whose masked tokens are all predicted correctly.
-
-    ``update`` takes one entry per masked token: whether it was predicted right and the key of its word
-    (:func:`word_keys`); words are formed within the batch, so a word must not span two batches (blocks
-    never split words).
-    """
+    """Fraction of masked words whose masked tokens are all right; ``update`` takes, per masked token,
+    whether it was right and its word's key (:func:`word_keys`: words within the batch)."""
 
     full_state_update = False
     higher_is_better = True
@@ -54,36 +47,27 @@ class WordAccuracy(Metric):
 
 
 def validation_prefix(index: int, names: Sequence[str] = ()) -> str:
-    """The metric prefix of the validation set at ``index``: ``val`` for the first, ``val_<name>`` after.
-
-    Args:
-        index: The set's position (Lightning's ``dataloader_idx``).
-        names: The sets' names (``MLMDataModule.validation_set_names``); ``val_<index>`` without them.
-    """
+    """The metric prefix of the validation set at ``index`` (``dataloader_idx``): ``val`` for the first,
+    then ``val_<name>`` by ``names`` (``MLMDataModule.validation_set_names``), else ``val_<index>``."""
     if index == 0:
         return "val"
     return f"val_{names[index]}" if index < len(names) else f"val_{index}"
 
 
 # Validation metrics of each set, in table order.
-EVAL_METRICS = ("val/loss", "val/accuracy", "val/word_accuracy", "val/perplexity")
-_EVAL_ORDER = [name.partition("/")[2] for name in EVAL_METRICS]
+EVAL_NAMES = ("loss", "accuracy", "word_accuracy", "perplexity")
 # Logged metrics that are compared before and after adaptation: every validation set, every downstream task.
 BEFORE_AFTER_PREFIXES = ("val/", "val_", "downstream/")
 
 
 def before_after_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The before/after metrics among logged ``metrics`` (e.g. ``trainer.callback_metrics``), as floats:
-    ``val/*`` (the first validation set), ``val_<name>/*`` (the others) and ``downstream/*`` (tasks)."""
+    """The before/after metrics among logged ``metrics`` (e.g. ``trainer.callback_metrics``), as floats."""
     return {k: float(v) for k, v in metrics.items() if k.startswith(BEFORE_AFTER_PREFIXES)}
 
 
 def before_after_names(before: Mapping[str, float], after: Mapping[str, float]) -> list[str]:
-    """The rows of a before/after table: the first validation set, the other sets, then downstream tasks.
-
-    Sets and tasks keep the order in which they were logged; a set's rows are loss, accuracy, word
-    accuracy, perplexity.
-    """
+    """The rows of a before/after table: the first validation set, the other sets, then downstream tasks,
+    each in the order logged; a set's rows are loss, accuracy, word accuracy, perplexity."""
     names = list(dict.fromkeys([*before, *after]))
     groups: dict[str, int] = {}
     for name in names:
@@ -92,7 +76,7 @@ def before_after_names(before: Mapping[str, float], after: Mapping[str, float]) 
     def key(name: str) -> tuple[int, int, int]:
         group, _, metric = name.rpartition("/")
         kind = 0 if group == "val" else 2 if name.startswith("downstream/") else 1
-        position = _EVAL_ORDER.index(metric) if kind < 2 and metric in _EVAL_ORDER else len(_EVAL_ORDER)
+        position = EVAL_NAMES.index(metric) if kind < 2 and metric in EVAL_NAMES else len(EVAL_NAMES)
         return kind, groups[group], position
 
     return sorted(names, key=key)  # stable: equal keys keep the logged order

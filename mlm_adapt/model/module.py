@@ -1,4 +1,5 @@
-"""The LightningModule: an ``AutoModelForMaskedLM`` trained with the unshifted masked-token cross-entropy."""
+"""The LightningModule: an ``AutoModelForMaskedLM`` trained with the unshifted masked-token cross-entropy,
+and its throughput monitor."""
 
 from __future__ import annotations
 
@@ -18,8 +19,7 @@ from transformers import get_scheduler
 from typing_extensions import override
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.model.documents import check_document_attention, document_inputs
-from mlm_adapt.model.heads import split_head
+from mlm_adapt.model.heads import check_document_attention, document_inputs, split_head
 from mlm_adapt.model.loading import (
     enable_gradient_checkpointing,
     extend_embeddings,
@@ -27,7 +27,6 @@ from mlm_adapt.model.loading import (
     position_limit,
 )
 from mlm_adapt.model.metrics import WordAccuracy, validation_prefix, word_keys
-from mlm_adapt.model.throughput import MLMThroughputMonitor, mlm_flops
 from mlm_adapt.text.tokenizer import load_tokenizer, read_new_tokens
 
 EVAL_STAGES = ("val", "test")
@@ -35,7 +34,6 @@ _EXCLUDE_WARNING = (
     "model.mask_attention='exclude' is an ABLATION: [MASK] tokens are hidden from attention as keys, unlike "
     "BERT pretraining and inference. Use it only to reproduce the experiment; leave it at 'attend' otherwise."
 )
-
 
 # Devices with torch's fused Adam/AdamW kernel (torch.optim.optimizer's list of fused-capable devices).
 FUSED_ADAM_DEVICES = ("cpu", "cuda", "mps", "xpu", "hpu")
@@ -47,13 +45,9 @@ def default_optimizer(params: Any) -> torch.optim.Optimizer:
 
 
 def fastest_kernels(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Adam/AdamW left at torch's defaults steps with the fused kernel where the parameters' device has one.
-
-    torch picks the fused kernel only when asked, foreach on CUDA, and a per-parameter for-loop on CPU, whose
-    step alone is ~4x slower at bert-base size. The fused kernel computes the same update (see
-    ``tests/model/test_optimizer_kernels.py``). A ``fused`` or ``foreach`` set in the config is kept, and so
-    is torch's choice for parameters the fused kernel cannot take (other devices, ``differentiable``).
-    """
+    """Adam/AdamW left at torch's defaults steps with the fused kernel (the same update) where the parameters
+    allow; torch picks it only when asked (else a for-loop on CPU, ~4x slower at bert-base size). A
+    ``fused`` or ``foreach`` set in the config is kept, and so is torch's choice where fused cannot run."""
     if not isinstance(optimizer, torch.optim.Adam):  # AdamW is an Adam
         return optimizer
     groups = optimizer.param_groups
@@ -70,6 +64,59 @@ def fastest_kernels(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return optimizer
 
 
+def mlm_flops(
+    config: Any, batch_size: int, seq_len: int, n_predicted: int, backward: bool = True
+) -> int | None:
+    """Matmul FLOPs of one BERT-style masked-LM step (the usual 6ND-style count, attention included), or
+    ``None`` when ``config`` lacks a size.
+
+    Per token and layer: ``2 * (4 h^2 + 2 h I)`` for the projections and feed-forward, ``4 L h`` for the
+    attention scores and weighted sum (``seq_len`` padded: padding is computed); the head costs
+    ``2 * (h^2 + h V)`` per position in ``n_predicted`` (only the masked ones with the masked-only head). A
+    ``backward`` pass costs twice the forward. Embedding lookups, norms and softmax are left out.
+    """
+    try:
+        h, layers = int(config.hidden_size), int(config.num_hidden_layers)
+        inter, vocab = int(config.intermediate_size), int(config.vocab_size)
+    except (AttributeError, TypeError):
+        return None
+    tokens = batch_size * seq_len
+    encoder = tokens * layers * (2 * (4 * h * h + 2 * h * inter) + 4 * seq_len * h)
+    head = n_predicted * 2 * (h * h + h * vocab)
+    return (encoder + head) * (3 if backward else 1)
+
+
+def _samples(batch: dict[str, torch.Tensor]) -> int:
+    return int(batch["input_ids"].shape[0])
+
+
+def _real_tokens(batch: dict[str, torch.Tensor]) -> int:
+    return int(batch["attention_mask"].sum())
+
+
+class MLMThroughputMonitor(ThroughputMonitor):
+    """Lightning's ``ThroughputMonitor`` fed with masked-LM batches: logs ``train/device/samples_per_sec``,
+    ``batches_per_sec``, ``items_per_sec`` (non-padding tokens), ``flops_per_sec`` (from the module's
+    ``flops_per_batch``, :func:`mlm_flops`) and, on GPUs whose peak Lightning knows, ``mfu``; and
+    ``train/non_pad_fraction`` every step.
+
+    Args:
+        window_size: Batches in the sliding window the rates are computed over.
+        separator: Separator in the logged metric names.
+    """
+
+    def __init__(self, window_size: int = 20, separator: str = "/"):
+        super().__init__(_samples, _real_tokens, window_size=window_size, separator=separator)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *args: Any
+    ) -> None:
+        mask = batch["attention_mask"]
+        pl_module.log("train/non_pad_fraction", mask.float().mean(), batch_size=mask.shape[0])
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, *args)
+
+
 # Where a checkpoint holds the tokens ``model.new_tokens_file`` added (see ``model.checkpoints``).
 NEW_TOKENS_KEY = "mlm_adapt_new_tokens"
 
@@ -79,28 +126,23 @@ class MaskedLMModule(L.LightningModule):
 
     Args:
         model_name_or_path: Hub name (e.g. ``hfl/chinese-bert-wwm-ext``) or local directory of the model.
-        max_seq_length: Longest input in tokens; must not exceed the model's position limit. Linked to
-            ``data.max_seq_length`` by the CLI.
+        max_seq_length: Longest input in tokens, within the model's position limit (= data.max_seq_length).
         optimizer: Optimizer factory; biases and LayerNorm weights always get ``weight_decay=0``.
         lr_schedule: Learning-rate decay after warmup: ``linear``, ``cosine`` or ``constant``.
         warmup: Warmup length: a fraction of the total optimizer steps if below 1, else a step count.
         pretrained: Start from the checkpoint's weights (``false``: random init, i.e. from scratch).
         attn_implementation: Attention kernel: ``sdpa`` (default), ``eager``, or ``null`` for the library's.
-        masked_only_head: Run the vocabulary projection on masked positions only (~15% of tokens).
-            Identical loss and accuracy, less compute and memory.
+        masked_only_head: Project only masked positions to the vocabulary: same loss, less compute and memory.
         mask_attention: ``attend`` (default, standard BERT): ``[MASK]`` tokens are attended like any token.
             ``exclude`` is an experiment switch only: no token attends to a ``[MASK]`` position (it warns).
-        new_tokens_file: Tokens to add to the vocabulary (one per line, e.g. from ``mlm_adapt vocab
-            --output_tokens``); each new embedding starts as the mean of its old pieces' embeddings.
-            Linked to ``data.new_tokens_file`` by the CLI.
-        compile: ``torch.compile`` the encoder and head (in place: checkpoints and exports are unchanged).
-            Pays off on GPUs for long runs; the first steps are slow while it compiles.
+        new_tokens_file: Tokens to add, one per line (``mlm_adapt vocab --output_tokens``), each embedding the
+            mean of its old pieces' (= ``data.new_tokens_file``).
+        compile: ``torch.compile`` the encoder and head in place (checkpoints unchanged); pays off on GPUs.
         compile_options: Keyword arguments for ``torch.compile`` (e.g. ``{mode: max-autotune}``).
-        gradient_checkpointing: Recompute each layer's activations in the backward pass instead of keeping
-            them (transformers' ``gradient_checkpointing_enable``, non-reentrant: works with compile, DDP and
-            FSDP): much less activation memory for about a third more compute. Same loss and gradients.
-        log_throughput: Add :class:`~mlm_adapt.model.throughput.MLMThroughputMonitor` (tokens/s, samples/s,
-            non-padding fraction, MFU on GPU) unless the trainer already has a ``ThroughputMonitor``.
+        gradient_checkpointing: Recompute activations in the backward pass (non-reentrant): much less memory
+            for about a third more compute, same loss and gradients.
+        log_throughput: Add :class:`MLMThroughputMonitor` (tokens/s, MFU, ...) unless the trainer has a
+            ``ThroughputMonitor``.
     """
 
     def __init__(
@@ -147,15 +189,13 @@ class MaskedLMModule(L.LightningModule):
         if gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
         self.head_split = split_head(self.model) if masked_only_head else None
-        # Metrics per evaluation prefix: ``val``, ``test`` and ``val_<name>`` of further validation sets.
+        # Per prefix: ``val``, ``test`` and ``val_<name>`` of further validation sets.
         self.accuracy, self.word_accuracy, self.perplexity = nn.ModuleDict(), nn.ModuleDict(), nn.ModuleDict()
         for stage in EVAL_STAGES:
             self._add_eval_metrics(stage)
-        # Validation metrics of the unadapted model (the step-0 domain baseline), kept in checkpoints.
-        self.baseline_metrics: dict[str, float] = {}
+        self.baseline_metrics: dict[str, float] = {}  # step-0 validation metrics, kept in checkpoints
         self.last_validated_step = -1
-        # FLOPs of the latest batch, read by Lightning's ThroughputMonitor.
-        self.flops_per_batch: int | None = None
+        self.flops_per_batch: int | None = None  # of the latest batch, read by the ThroughputMonitor
         self._compiled = False
 
     def _add_eval_metrics(self, prefix: str) -> None:
@@ -164,7 +204,7 @@ class MaskedLMModule(L.LightningModule):
         self.perplexity[prefix] = Perplexity()
 
     def _validation_prefix(self, dataloader_idx: int) -> str:
-        """The metric prefix of a validation set; its metrics are created on first use."""
+        """The metric prefix of a validation set, creating its metrics on first use."""
         datamodule = self.trainer.datamodule if self._trainer is not None else None
         prefix = validation_prefix(dataloader_idx, getattr(datamodule, "validation_set_names", ()))
         if prefix not in self.accuracy:
@@ -204,9 +244,8 @@ class MaskedLMModule(L.LightningModule):
     def configure_callbacks(self) -> list[L.Callback]:
         if not self.hparams.log_throughput or self._trainer is None:
             return []
-        if any(isinstance(c, ThroughputMonitor) for c in self.trainer.callbacks):
-            return []
-        return [MLMThroughputMonitor()]
+        has_one = any(isinstance(c, ThroughputMonitor) for c in self.trainer.callbacks)
+        return [] if has_one else [MLMThroughputMonitor()]
 
     def masked_logits(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Vocabulary logits and labels of the masked positions only: ``(N, V)`` and ``(N,)``."""
@@ -221,10 +260,8 @@ class MaskedLMModule(L.LightningModule):
                 document_inputs(self.model, attention_mask, batch["document_ids"], batch["position_ids"])
             )
         if self.head_split is None:
-            logits = self.model(**inputs).logits
-            return logits[selected], labels[selected]
-        hidden = self.head_split.hidden(**inputs)
-        return self.head_split.head(hidden[selected]), labels[selected]
+            return self.model(**inputs).logits[selected], labels[selected]
+        return self.head_split.head(self.head_split.hidden(**inputs)[selected]), labels[selected]
 
     @override
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -234,11 +271,7 @@ class MaskedLMModule(L.LightningModule):
     def masked_lm_loss(
         self, batch: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Mean cross-entropy over masked positions, with their logits and labels.
-
-        Unshifted: the prediction at position i is scored against the token at position i. A batch without
-        masked tokens gives a zero loss (not NaN).
-        """
+        """Mean unshifted cross-entropy over masked positions (0, not NaN, without any), logits, labels."""
         logits, labels = self.masked_logits(batch)
         loss = F.cross_entropy(logits.float(), labels, reduction="sum") / max(labels.numel(), 1)
         return loss, logits, labels
@@ -248,31 +281,21 @@ class MaskedLMModule(L.LightningModule):
         n_masked = labels.numel()
         batch_size, seq_len = batch["input_ids"].shape
         n_predicted = n_masked if self.head_split is not None else batch_size * seq_len
-        self.flops_per_batch = mlm_flops(
-            self.model.config, batch_size, seq_len, n_predicted, stage == "train"
-        )
         evaluating = stage != "train"
+        self.flops_per_batch = mlm_flops(self.model.config, batch_size, seq_len, n_predicted, not evaluating)
         # Explicit names per set (val/*, val_<name>/*), not Lightning's dataloader_idx suffix.
-        log = {"add_dataloader_idx": False}
+        log = {"add_dataloader_idx": False, "batch_size": max(n_masked, 1)}
         shown = stage in ("train", *EVAL_STAGES)
-        self.log(
-            f"{stage}/loss", loss, prog_bar=shown, batch_size=max(n_masked, 1), sync_dist=evaluating, **log
-        )
+        self.log(f"{stage}/loss", loss, prog_bar=shown, sync_dist=evaluating, **log)
         if evaluating and n_masked:
             self.accuracy[stage](logits, labels)
             self.perplexity[stage](logits[None].float(), labels[None])
-            self.log(f"{stage}/accuracy", self.accuracy[stage], batch_size=n_masked, **log)
-            self.log(
-                f"{stage}/perplexity",
-                self.perplexity[stage],
-                batch_size=n_masked,
-                prog_bar=stage == "val",
-                **log,
-            )
+            self.log(f"{stage}/accuracy", self.accuracy[stage], **log)
+            self.log(f"{stage}/perplexity", self.perplexity[stage], prog_bar=stage == "val", **log)
             if "word_ids" in batch:
                 keys = word_keys(batch["word_ids"], batch["labels"] != -100)
                 self.word_accuracy[stage](logits.argmax(-1) == labels, keys)
-                self.log(f"{stage}/word_accuracy", self.word_accuracy[stage], batch_size=n_masked, **log)
+                self.log(f"{stage}/word_accuracy", self.word_accuracy[stage], **log)
         return loss
 
     @override

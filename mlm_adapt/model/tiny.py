@@ -1,8 +1,5 @@
-"""Builds tiny (and real-size) Chinese checkpoints offline, for the demo, tests and benchmarks.
-
-The checkpoint is an ordinary Hugging Face directory (``save_pretrained``), loaded back through the same
-``from_pretrained`` code that loads ``hfl/chinese-bert-wwm-ext``; only its size and vocabulary differ.
-"""
+"""Builds tiny (and real-size) Chinese checkpoints offline, for the demo, tests and benchmarks: ordinary
+``save_pretrained`` directories, loaded like ``hfl/chinese-bert-wwm-ext``; only size and vocabulary differ."""
 
 from __future__ import annotations
 
@@ -18,23 +15,31 @@ from transformers import (
     BertTokenizerFast,
     ModernBertConfig,
     ModernBertForMaskedLM,
+    PreTrainedModel,
 )
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
 def chinese_vocab(texts: Iterable[str], max_chars: int = 3000) -> list[str]:
-    """A BERT-Chinese-style vocabulary: specials, the most frequent characters, ASCII and ``##`` pieces.
-
-    Args:
-        texts: Text to count characters in.
-        max_chars: How many of the most frequent non-ASCII, non-space characters to keep.
-    """
+    """A BERT-Chinese-style vocabulary: specials, ASCII and ``##`` pieces, and the ``max_chars`` most
+    frequent non-ASCII, non-space characters of ``texts``."""
     counts = Counter(ch for text in texts for ch in text if not ch.isspace() and not ch.isascii())
     ascii_tokens = list(string.ascii_lowercase + string.digits + string.punctuation)
     pieces = ["##" + ch for ch in string.ascii_lowercase + string.digits]
     chars = [ch for ch, _ in counts.most_common(max_chars)]
     return SPECIAL_TOKENS + ascii_tokens + pieces + chars
+
+
+def _tokenizer(vocab: list[str]) -> BertTokenizerFast:
+    return BertTokenizerFast(vocab={tok: i for i, tok in enumerate(vocab)}, do_lower_case=True)
+
+
+def _save(model: PreTrainedModel, tokenizer: BertTokenizerFast, output_dir: str | Path) -> Path:
+    output_dir = Path(output_dir)
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    return output_dir
 
 
 def build_tiny_bert(
@@ -48,24 +53,10 @@ def build_tiny_bert(
     max_position_embeddings: int = 512,
     seed: int = 0,
 ) -> Path:
-    """Writes a randomly initialized ``BertForMaskedLM`` and its fast tokenizer to ``output_dir``.
-
-    Args:
-        output_dir: Where to write the checkpoint.
-        texts: Text whose characters make up the vocabulary.
-        max_chars: Character budget of the vocabulary.
-        hidden_size: Model width.
-        num_hidden_layers: Number of transformer layers.
-        num_attention_heads: Attention heads per layer.
-        intermediate_size: Feed-forward width.
-        max_position_embeddings: Longest sequence the model accepts.
-        seed: Seed for the random initialization.
-
-    Returns:
-        The output directory.
-    """
+    """Writes a randomly initialized (``seed``) ``BertForMaskedLM`` of the given sizes and its fast tokenizer
+    to ``output_dir`` (returned); its vocabulary is :func:`chinese_vocab` of ``texts`` and ``max_chars``."""
     vocab = chinese_vocab(texts, max_chars)
-    tokenizer = BertTokenizerFast(vocab={tok: i for i, tok in enumerate(vocab)}, do_lower_case=True)
+    tokenizer = _tokenizer(vocab)
     config = BertConfig(
         vocab_size=len(vocab),
         hidden_size=hidden_size,
@@ -76,42 +67,26 @@ def build_tiny_bert(
         pad_token_id=0,
     )
     torch.manual_seed(seed)
-    model = BertForMaskedLM(config)
-    output_dir = Path(output_dir)
-    model.save_pretrained(output_dir)
-    tokenizer.save_pretrained(output_dir)
-    return output_dir
-
-
-def padded_vocab(texts: Iterable[str], size: int) -> list[str]:
-    """A Chinese character vocabulary of exactly ``size`` tokens.
-
-    :func:`chinese_vocab` of ``texts`` first, then CJK ideographs in code point order (as most of
-    bert-base-chinese's 21,128 entries are), then ``[unusedN]``.
-    """
-    vocab = chinese_vocab(texts, max_chars=size)[:size]
-    present = set(vocab)
-    fill = (chr(c) for c in range(0x4E00, 0xA000) if chr(c) not in present)
-    vocab += [ch for _, ch in zip(range(size - len(vocab)), fill, strict=False)]
-    vocab += [f"[unused{i}]" for i in range(size - len(vocab))]
-    return vocab
+    return _save(BertForMaskedLM(config), tokenizer, output_dir)
 
 
 def build_real_size(
     output_dir: str | Path, texts: Iterable[str], family: str = "bert", seed: int = 0
 ) -> Path:
-    """Writes a randomly initialized model of a real checkpoint's size, offline (benchmarks, GPU check).
+    """Writes a randomly initialized (``seed``) model of a real checkpoint's size to ``output_dir``.
 
-    Args:
-        output_dir: Where to write.
-        texts: Text whose characters come first in the vocabulary.
-        family: ``bert``: bert-base-chinese's shape (12 x 768, FFN 3072, vocabulary 21,128, 102 M
-            parameters); ``modernbert``: ModernBERT-base's (22 x 768, FFN 1152, vocabulary 50,368, alternating
-            global/128-token local attention, 150 M parameters), with the same kind of character vocabulary.
-        seed: Seed for the random initialization.
+    ``family`` ``bert``: bert-base-chinese's shape (12 x 768, FFN 3072, vocabulary 21,128, 102 M parameters);
+    ``modernbert``: ModernBERT-base's (22 x 768, FFN 1152, vocabulary 50,368, alternating global/128-token
+    local attention, 150 M parameters). The vocabulary holds the characters of ``texts``, then CJK ideographs
+    in code point order (as most of bert-base-chinese's entries are), then ``[unusedN]``.
     """
-    vocab = padded_vocab(texts, 21_128 if family == "bert" else 50_368)
-    tokenizer = BertTokenizerFast(vocab={tok: i for i, tok in enumerate(vocab)}, do_lower_case=True)
+    size = 21_128 if family == "bert" else 50_368
+    vocab = chinese_vocab(texts, max_chars=size)[:size]
+    present = set(vocab)
+    fill = (chr(c) for c in range(0x4E00, 0xA000) if chr(c) not in present)
+    vocab += [ch for _, ch in zip(range(size - len(vocab)), fill, strict=False)]
+    vocab += [f"[unused{i}]" for i in range(size - len(vocab))]
+    tokenizer = _tokenizer(vocab)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("[PAD]", "[CLS]", "[SEP]")}
     torch.manual_seed(seed)
     if family == "bert":
@@ -134,8 +109,5 @@ def build_real_size(
         model = ModernBertForMaskedLM(config)
     else:
         raise ValueError(f"family must be 'bert' or 'modernbert', got {family!r}")
-    output_dir = Path(output_dir)
-    model.save_pretrained(output_dir)
     tokenizer.model_max_length = 512
-    tokenizer.save_pretrained(output_dir)
-    return output_dir
+    return _save(model, tokenizer, output_dir)

@@ -102,7 +102,7 @@ def test_each_document_gets_the_logits_it_gets_alone(family, kernel):
     module = _module(family, kernel)
     if family not in SUPPORTED:
         with pytest.raises(MLMAdaptError) as error:
-            from mlm_adapt.model.documents import check_document_attention
+            from mlm_adapt.model.heads import check_document_attention
 
             check_document_attention(module.model)
         assert "data.document_attention" in str(error.value) and "\n" not in str(error.value)

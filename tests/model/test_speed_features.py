@@ -171,7 +171,7 @@ def test_throughput_logged_during_fit(corpus_file, tiny_model_dir, tmp_path):
 
     from lightning.pytorch.loggers import CSVLogger
 
-    from mlm_adapt.model.throughput import MLMThroughputMonitor
+    from mlm_adapt.model.module import MLMThroughputMonitor
 
     dm = make_datamodule(tiny_model_dir, corpus_file, tmp_path)
     module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64)
@@ -203,7 +203,7 @@ def test_throughput_logged_during_fit(corpus_file, tiny_model_dir, tmp_path):
 def test_module_adds_throughput_monitor_by_default(tiny_model_dir):
     import lightning as L
 
-    from mlm_adapt.model.throughput import MLMThroughputMonitor
+    from mlm_adapt.model.module import MLMThroughputMonitor
 
     module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64)
     module.trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
