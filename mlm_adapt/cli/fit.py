@@ -21,19 +21,18 @@ from mlm_adapt.export import HFExport
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.model.checkpoints import callback_state, checkpoint_metadata
 from mlm_adapt.model.loading import check_trainer_fits
-from mlm_adapt.training import default_callbacks
-from mlm_adapt.training.continue_logs import attach_csv_logs
-from mlm_adapt.training.resume import ResumeCheck
-from mlm_adapt.training.resume_lookup import (
+from mlm_adapt.training import default_callbacks, guard_user_callbacks
+from mlm_adapt.training.resume import (
     FIXED_SETTINGS,
     WEIGHT_SETTINGS,
+    ResumeCheck,
+    attach_csv_logs,
     checkpoint_settings,
     conflict_message,
     resolve_resume,
     resume_conflicts,
     root_loggers,
 )
-from mlm_adapt.training.user_callbacks import guard_user_callbacks
 
 EVALUATION_COMMANDS = ("validate", "test")
 

@@ -2,9 +2,9 @@
 
 from mlm_adapt.downstream.callback import DownstreamEvaluation
 from mlm_adapt.downstream.evaluate import TaskEvaluator
-from mlm_adapt.downstream.spec import DownstreamTask
 from mlm_adapt.downstream.tasks import LoadedTask, load_task
 from mlm_adapt.downstream.types import TASK_TYPES, TaskType
+from mlm_adapt.downstream.types.base import DownstreamTask
 
 __all__ = [
     "TASK_TYPES",

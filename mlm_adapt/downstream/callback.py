@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
 import lightning as L
@@ -15,7 +13,7 @@ from typing_extensions import override
 
 from mlm_adapt.data.progress import SILENT, Progress
 from mlm_adapt.downstream.evaluate import Method, TaskEvaluator
-from mlm_adapt.downstream.features import Pooling
+from mlm_adapt.downstream.features import ForwardContext, Pooling
 from mlm_adapt.downstream.tasks import load_task, parse_task
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.corpus import expand_files
@@ -25,53 +23,25 @@ PREFIX = "downstream"
 
 
 class DownstreamEvaluation(L.Callback):
-    """Scores labelled tasks with the current weights: at the start of ``fit`` (step 0, the unadapted
-    model) and at the end of every validation, logged as ``downstream/<task>/<metric>`` and
-    ``downstream/<task>/<metric>_std``, plus ``downstream/time_s`` (seconds the evaluation took).
-
-    Task types (``type:`` of a task): ``sequence_classification`` and ``pair_classification`` log
-    ``accuracy`` and ``macro_f1``; ``token_classification`` (BIO tags) logs entity-level ``f1`` (exact span
-    and type, micro-averaged over entities, as conlleval/seqeval) and word ``accuracy``; ``regression``
-    logs ``pearson`` and ``spearman``.
-
-    ``linear_probe`` (default, cheap enough for every validation): features of the frozen encoder
-    (``pooling`` over its output, or the concatenated ``layers``; token tasks: each word's first
-    sub-token), then a logistic regression trained to convergence (L-BFGS; ridge regression for
-    ``regression``). It has no seed, so its ``_std`` is the bootstrap standard error over test examples
-    (``bootstrap`` resamples). ``finetune``: ``seeds`` short full fine-tunes of a copy of the weights (the
-    type's ``AutoModelFor…`` class), at step 0 and at the end of training only; ``_std`` is the spread
-    over seeds.
-
-    Cost: one forward pass per train and test row per evaluation (probe), or ``seeds × finetune_steps``
-    training steps. Bound it with ``max_train_examples``/``max_test_examples`` (a fixed seeded subset,
-    the same at every evaluation) and ``every_n_validations``. Each phase shows a progress bar, or logs
-    one line with its counts and duration under ``--trainer.enable_progress_bar false``.
-
-    Every rank computes the same thing and rank 0's result is broadcast, so all ranks log identical values
-    and none waits on another for longer than the evaluation itself (sharded strategies work for the probe).
-    The adapted model is never changed: evaluation runs without dropout, under ``torch.no_grad`` for the
-    probe, on a copy for ``finetune``, and with the random-number state restored afterwards.
+    """Scores labelled tasks with the current weights at step 0 (the unadapted model) and at the end of
+    every validation, logged as ``downstream/<task>/<metric>`` and ``downstream/<task>/<metric>_std``, plus
+    ``downstream/time_s``. Every rank computes the same and logs rank 0's result; the adapted model, its
+    mode and the random-number state are left as they were. Methods, types and costs: docs/downstream.md.
 
     Args:
-        tasks: Labelled tasks, each a mapping with ``name``, ``train_files``, ``test_files`` and optionally
-            ``type`` (``sequence_classification``, ``pair_classification``, ``token_classification`` or
-            ``regression``), ``text_column``, ``text_pair_column``, ``label_column``, ``tokens_column``,
-            ``tags_column``.
+        tasks: Labelled tasks: mappings with ``name``, ``train_files``, ``test_files`` and optionally
+            ``type`` and column keys (:class:`~mlm_adapt.downstream.types.base.DownstreamTask`).
         method: ``linear_probe`` or ``finetune``.
         seeds: Fine-tuning runs per evaluation (``finetune`` only).
-        layers: Hidden states the probe reads, concatenated (0: embeddings, -1: the encoder's output, the
-            only one kept in memory by default; other layers keep every layer's states of a batch).
-        pooling: Probe features of a text: ``mean`` of its non-special tokens, ``first`` ([CLS]) or
-            ``mean_first`` (both, concatenated).
+        layers: Hidden states the probe reads, concatenated (0: embeddings, -1: the encoder's output).
+        pooling: Probe features of a text: ``mean`` of its non-special tokens, ``first`` or ``mean_first``.
         probe_l2: L2 weight of the probe's logistic regression (on standardized features).
         bootstrap: Test-set resamples for the probe's ``_std`` (0: none logged).
         max_length: Tokens per row; default: the model's ``max_seq_length``, at most 512.
         batch_size: Rows per forward pass.
-        max_train_examples: Train the probe/fine-tune on at most this many examples per task (a seeded
-            subset, the same at every evaluation; default: all).
+        max_train_examples: At most this many training examples per task (a seeded subset; default: all).
         max_test_examples: Score at most this many test examples per task (seeded subset; default: all).
-        every_n_validations: Score at step 0, then at every n-th validation of ``fit`` and at its end
-            (the probe; ``finetune`` scores at step 0 and at the end only).
+        every_n_validations: Score step 0, every n-th validation of ``fit`` and its end (probe only).
         finetune_steps: Optimizer steps of each fine-tune.
         finetune_lr: AdamW learning rate of each fine-tune (linear decay, 10% warmup).
         finetune_batch_size: Examples per fine-tuning step.
@@ -113,24 +83,18 @@ class DownstreamEvaluation(L.Callback):
             expand_files(entry.train_files, f"downstream.tasks[{i}].train_files")
             expand_files(entry.test_files, f"downstream.tasks[{i}].test_files")
         self.method = method
-        self.seeds = seeds
-        self.layers = list(layers) if layers else [-1]
-        self.pooling = pooling
-        self.probe_l2 = probe_l2
-        self.bootstrap = bootstrap
         self.max_length = max_length
-        self.batch_size = batch_size
-        self.max_train_examples = max_train_examples
-        self.max_test_examples = max_test_examples
+        self.limits = (max_train_examples, max_test_examples)
         self.every_n_validations = every_n_validations
-        self.finetune_steps = finetune_steps
-        self.finetune_lr = finetune_lr
-        self.finetune_batch_size = finetune_batch_size
         self.cache_dir = cache_dir
+        # The options of TaskEvaluator.linear_probe and TaskEvaluator.finetune.
+        self.probe_options = {"layers": list(layers) if layers else [-1], "pooling": pooling, "l2": probe_l2}
+        self.probe_options |= {"batch_size": batch_size, "bootstrap": bootstrap}
+        self.finetune_options = {"seeds": seeds, "steps": finetune_steps, "lr": finetune_lr}
+        self.finetune_options["batch_size"] = finetune_batch_size
         self.evaluators: list[TaskEvaluator] = []
         self.results: dict[int, dict[str, float]] = {}  # global step -> logged metrics
-        # Steps scored outside a validation pass (step 0 before the baseline validation, a fine-tune's end).
-        self.outside_validation: set[int] = set()
+        self.outside_validation: set[int] = set()  # steps scored outside a validation pass
         self.validations = 0  # validations of fit after step 0 (every_n_validations counts these)
         self.progress = SILENT
         self.feature_dtype = torch.float32
@@ -142,7 +106,7 @@ class DownstreamEvaluation(L.Callback):
         return self._generate_state_key(tasks=[t.name for t in self.tasks], method=self.method)
 
     def _tokenizer(self, trainer: L.Trainer, pl_module: L.LightningModule) -> PreTrainedTokenizerBase:
-        tokenizer = getattr(trainer.datamodule, "tokenizer", None) if trainer.datamodule else None
+        tokenizer = getattr(trainer.datamodule, "tokenizer", None)
         if tokenizer is not None:
             return tokenizer  # the data module's, with any added domain tokens
         hparams = getattr(pl_module, "hparams", {})
@@ -156,13 +120,7 @@ class DownstreamEvaluation(L.Callback):
     def prepare(self, tokenizer: PreTrainedTokenizerBase, max_length: int) -> None:
         """Loads, checks and tokenizes every task (once per run)."""
         self.evaluators = [
-            TaskEvaluator(
-                load_task(entry, i, self.cache_dir),
-                tokenizer,
-                max_length,
-                self.max_train_examples,
-                self.max_test_examples,
-            )
+            TaskEvaluator(load_task(entry, i, self.cache_dir), tokenizer, max_length, *self.limits)
             for i, entry in enumerate(self.tasks)
         ]
         names = [e.name for e in self.evaluators]
@@ -181,14 +139,10 @@ class DownstreamEvaluation(L.Callback):
         length = self.max_length or pl_module.hparams.get("max_seq_length") or 512
         self.prepare(self._tokenizer(trainer, pl_module), min(length, limit, 512))
 
-    def evaluate(
-        self, model: torch.nn.Module, forward_context: Callable[[], AbstractContextManager] | None = None
-    ) -> dict[str, float]:
-        """Scores every task with ``model`` (a Hugging Face masked LM); metric name -> value.
+    def evaluate(self, model: torch.nn.Module, forward_context: ForwardContext = None) -> dict[str, float]:
+        """Scores every task with ``model`` (a Hugging Face masked LM, left unchanged); metric name -> value.
 
-        Args:
-            model: The weights to score (left unchanged).
-            forward_context: Makes the context each forward pass runs in (e.g. the trainer's autocast).
+        ``forward_context`` makes the context each forward pass runs in (e.g. the trainer's autocast).
         """
         start = time.perf_counter()
         metrics: dict[str, float] = {}
@@ -199,31 +153,14 @@ class DownstreamEvaluation(L.Callback):
         with torch.random.fork_rng(devices=devices):
             for evaluator in self.evaluators:
                 if self.method == "linear_probe":
-                    scores, spread = evaluator.linear_probe(
-                        model,
-                        self.layers,
-                        self.pooling,
-                        self.probe_l2,
-                        self.batch_size,
-                        self.bootstrap,
-                        forward_context,
-                        self.feature_dtype,
-                        self.progress,
-                    )
+                    run, options = evaluator.linear_probe, {**self.probe_options, "dtype": self.feature_dtype}
                 else:
-                    scores, spread = evaluator.finetune(
-                        model,
-                        self.seeds,
-                        self.finetune_steps,
-                        self.finetune_lr,
-                        self.finetune_batch_size,
-                        forward_context,
-                        self.progress,
-                    )
-                for key, value in scores.items():
-                    metrics[f"{PREFIX}/{evaluator.name}/{key}"] = value
-                for key, value in spread.items():
-                    metrics[f"{PREFIX}/{evaluator.name}/{key}_std"] = value
+                    run, options = evaluator.finetune, self.finetune_options
+                scores, spread = run(
+                    model, forward_context=forward_context, progress=self.progress, **options
+                )
+                metrics |= {f"{PREFIX}/{evaluator.name}/{key}": value for key, value in scores.items()}
+                metrics |= {f"{PREFIX}/{evaluator.name}/{key}_std": value for key, value in spread.items()}
         metrics[f"{PREFIX}/time_s"] = time.perf_counter() - start
         return metrics
 
@@ -241,8 +178,7 @@ class DownstreamEvaluation(L.Callback):
 
     def _due(self, trainer: L.Trainer) -> bool:
         """Whether this validation's weights get scored: step 0 and outside ``fit`` always; then every
-        ``every_n_validations``-th validation for the probe; for ``finetune``, the final weights only
-        (``on_train_end`` scores the final weights when their validation was not due)."""
+        ``every_n_validations``-th validation for the probe, the final weights for ``finetune``."""
         if trainer.global_step == 0 or trainer.state.fn != "fit" or trainer.global_step in self.results:
             return True
         if self.method == "finetune":
@@ -255,14 +191,8 @@ class DownstreamEvaluation(L.Callback):
         precision the model runs in."""
         bar = trainer.progress_bar_callback is not None and trainer.is_global_zero
         self.progress = Progress("downstream", bars=bar)
-        precision = str(trainer.precision)
-        self.feature_dtype = (
-            torch.bfloat16
-            if "bf16" in precision
-            else torch.float16
-            if precision.startswith("16")
-            else torch.float32
-        )
+        half = {"bf": torch.bfloat16, "16": torch.float16}  # bf16-mixed, bf16-true, 16-mixed, 16-true
+        self.feature_dtype = half.get(str(trainer.precision)[:2], torch.float32)
 
     @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -270,9 +200,7 @@ class DownstreamEvaluation(L.Callback):
             return
         step = trainer.global_step
         metrics = self._run(trainer, pl_module)
-        if (
-            step in self.outside_validation
-        ):  # already in the loggers: only let this validation's readers see them
+        if step in self.outside_validation:  # already in the loggers: only this validation's readers see them
             trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
         else:
             pl_module.log_dict(metrics, sync_dist=True)
@@ -290,8 +218,8 @@ class DownstreamEvaluation(L.Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        # Step 0: the unadapted weights, unless a validation at step 0 (the CLI's before/after baseline)
-        # already scored them. Before the first step rather than in on_train_start, as that baseline.
+        # Step 0, unless the before/after baseline validation already scored it (both run here, not in
+        # on_train_start).
         if trainer.global_step == 0:
             self._log_outside_validation(trainer, pl_module)
 

@@ -1,8 +1,10 @@
-"""Tokenized task rows, padded batches, and frozen-encoder features of them for the linear probe.
+"""Tokenized task rows, padded batches, frozen-encoder features of them, and the probes fitted on those
+(what a row holds and which positions become features is the task type's business).
 
-What a row holds and which of its positions become features is the task type's business
-(:mod:`mlm_adapt.downstream.types`); this module runs the encoder over the rows once, keeping only the hidden
-state the probe reads and storing features in the precision the model runs in.
+The probes (logistic regression for classes, ridge regression for numbers) are solved to their optimum
+(full-batch L-BFGS on a convex loss, or in closed form) in float64 on standardized features, so the result
+depends on the features only (no seed, learning rate or epoch count), which makes probe scores of two
+checkpoints comparable.
 """
 
 from __future__ import annotations
@@ -13,18 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 IGNORE = -100
 Pooling = Literal["mean", "first", "mean_first"]
-_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # (example, unit) that one feature or prediction belongs to: unit 0 for a text, the word index for words.
 Place = tuple[int, int]
-# A task type's choice of feature vectors in a batch: (hidden states, padded batch, row indices, encoding,
-# pooling) -> (features [k, dim], targets [k]) for the ``placed`` units of those rows, in row order.
-Select = Callable[
-    [torch.Tensor, dict[str, torch.Tensor], list[int], "Encoding", Pooling], tuple[torch.Tensor, torch.Tensor]
-]
+# Makes the context each forward pass runs in (e.g. the trainer's autocast).
+ForwardContext = Callable[[], AbstractContextManager] | None
 
 
 @dataclass
@@ -32,8 +32,7 @@ class Encoding:
     """Tokenized rows of one split.
 
     Attributes:
-        rows: Tokenizer output per row (``input_ids``, ``attention_mask``, maybe ``token_type_ids``,
-            ``special_tokens_mask``), unpadded.
+        rows: Tokenizer output per row (with ``special_tokens_mask``), unpadded.
         targets: Per row: its target (text tasks) or one target per token, ``-100`` where none (word tasks).
         placed: Per row: the ``(example, unit)`` scored in it, in the order its features come out.
     """
@@ -45,15 +44,19 @@ class Encoding:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def units(self) -> int:
-        """How many scored units (texts or words) the rows hold."""
-        return sum(len(p) for p in self.placed)
-
 
 def example_order(placed: Sequence[Place]) -> list[int]:
     """Positions of ``placed`` sorted by ``(example, unit)``: results in file order, however rows were
     batched."""
     return sorted(range(len(placed)), key=placed.__getitem__)
+
+
+def pad(
+    encoding: Encoding, index: list[int], tokenizer: PreTrainedTokenizerBase, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """The rows ``index`` as one padded batch on ``device``."""
+    batch = tokenizer.pad([encoding.rows[i] for i in index], return_tensors="pt")
+    return {k: v.to(device) for k, v in batch.items()}
 
 
 def batches(
@@ -63,8 +66,7 @@ def batches(
     order = sorted(range(len(encoding)), key=lambda i: len(encoding.rows[i]["input_ids"]))
     for start in range(0, len(order), batch_size):
         index = order[start : start + batch_size]
-        batch = tokenizer.pad([encoding.rows[i] for i in index], return_tensors="pt")
-        yield index, {k: v.to(device) for k, v in batch.items()}
+        yield index, pad(encoding, index, tokenizer, device)
 
 
 def encoder_of(model: PreTrainedModel) -> PreTrainedModel:
@@ -77,11 +79,8 @@ def layer_states(
     encoder: PreTrainedModel, batch: dict[str, torch.Tensor], layers: Sequence[int]
 ) -> torch.Tensor:
     """Hidden states ``[batch, tokens, dim × len(layers)]`` of ``layers`` (0: embeddings, -1: the output).
-
-    The default ``[-1]`` asks the encoder for its output only, so one layer's activations are alive at a
-    time; other layers need every layer's states of the batch at once (``output_hidden_states``).
-    """
-    inputs = {k: v for k, v in batch.items() if k in _MODEL_INPUTS}
+    Only ``[-1]`` keeps one layer's activations alive at a time; others need ``output_hidden_states``."""
+    inputs = {k: v for k, v in batch.items() if k in MODEL_INPUTS}
     if list(layers) == [-1]:
         return encoder(**inputs).last_hidden_state
     hidden = encoder(**inputs, output_hidden_states=True).hidden_states
@@ -93,34 +92,20 @@ def extract_features(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     encoding: Encoding,
-    select: Select,
+    select: Callable[..., tuple[torch.Tensor, torch.Tensor]],
     layers: Sequence[int] = (-1,),
     pooling: Pooling = "mean",
     batch_size: int = 64,
-    forward_context: Callable[[], AbstractContextManager] | None = None,
+    forward_context: ForwardContext = None,
     dtype: torch.dtype = torch.float32,
     advance: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[Place]]:
-    """Frozen features of every scored unit of ``encoding`` (a text, or a word's first sub-token).
+    """Features ``[n, dim]`` (``dtype``, on CPU) of every scored unit of ``encoding`` (a text, or a word's
+    first sub-token), their targets ``[n]`` and ``(example, unit)``, sorted by the latter.
 
-    Args:
-        model: The masked LM (its encoder is used) in any mode; it is put in eval mode (no dropout) and
-            restored afterwards.
-        tokenizer: Its tokenizer (pads the batches).
-        encoding: Rows from the task type's ``encode``.
-        select: The task type's choice of features in a batch (pooling, or first sub-tokens).
-        layers: Hidden-state indices to concatenate (0: embeddings, -1: the encoder's output).
-        pooling: Text tasks: ``mean`` of the non-special tokens, ``first`` token ([CLS]), or
-            ``mean_first`` (both, concatenated).
-        batch_size: Rows per forward pass.
-        forward_context: E.g. the trainer's precision context (autocast), entered around each forward.
-        dtype: Storage type of the features (``bfloat16``/``float16`` when the model runs in it: half the
-            memory of float32; pooling itself is computed in float32).
-        advance: Called with the number of rows after each batch (a progress bar).
-
-    Returns:
-        Features ``[n, dim]`` (``dtype``, on CPU), their targets ``[n]`` and the ``(example, unit)`` of each
-        row, all sorted by ``(example, unit)``.
+    The encoder runs in eval mode (no dropout; its mode is restored afterwards). ``select`` is the task
+    type's, ``advance`` is called with the rows of each batch; the other arguments are
+    :meth:`~mlm_adapt.downstream.evaluate.TaskEvaluator.linear_probe`'s.
     """
     encoder = encoder_of(model)
     device = next(encoder.parameters()).device
@@ -142,3 +127,93 @@ def extract_features(
         encoder.train(was_training)
     order = torch.tensor(example_order(placed), dtype=torch.long)
     return torch.cat(feats)[order], torch.cat(targets)[order], [placed[i] for i in order.tolist()]
+
+
+class _Standardized:
+    """Features standardized with the training statistics (float64)."""
+
+    mean: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
+
+    def _standardize(self, x: torch.Tensor, fit: bool = False) -> torch.Tensor:
+        if fit:
+            self.mean, self.scale = x.double().mean(0), x.double().std(0).clamp(min=1e-6)
+        elif self.weight is None:
+            raise RuntimeError(f"{type(self).__name__}.predict before fit")
+        return (x.double() - self.mean) / self.scale
+
+
+class LinearProbe(_Standardized):
+    """Multinomial logistic regression ``softmax(x W + b)``, trained to convergence.
+
+    Args:
+        l2: Weight of ``0.5 * ||W||^2`` added to the mean cross-entropy (the bias is not penalized).
+        max_iter: L-BFGS iterations at most; it stops earlier when the gradient or loss change vanishes.
+        tolerance: Gradient tolerance (max absolute component) that counts as converged.
+    """
+
+    def __init__(self, l2: float = 1e-3, max_iter: int = 500, tolerance: float = 1e-6):
+        self.l2 = l2
+        self.max_iter = max_iter
+        self.tolerance = tolerance
+        self.bias: torch.Tensor | None = None
+        self.iterations = 0
+
+    def fit(self, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> LinearProbe:
+        """Fits the probe on features ``x`` ``[n, dim]`` and class indices ``y`` ``[n]``."""
+        # float64: L-BFGS converges to the same optimum in far fewer, more reproducible iterations.
+        z, y = self._standardize(x, fit=True), y.long()
+        weight = torch.zeros(z.shape[1], num_classes, dtype=torch.float64, requires_grad=True)
+        bias = torch.zeros(num_classes, dtype=torch.float64, requires_grad=True)
+        optimizer = torch.optim.LBFGS(
+            [weight, bias],
+            lr=1.0,
+            max_iter=self.max_iter,
+            tolerance_grad=self.tolerance,
+            tolerance_change=1e-12,
+            history_size=20,
+            line_search_fn="strong_wolfe",
+        )
+
+        def closure() -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(z @ weight + bias, y) + 0.5 * self.l2 * weight.pow(2).sum()
+            loss.backward()
+            return loss
+
+        with torch.enable_grad():
+            optimizer.step(closure)
+        self.iterations = optimizer.state[optimizer._params[0]]["n_iter"]
+        self.weight, self.bias = weight.detach(), bias.detach()
+        return self
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Class index of each row of ``x``."""
+        return (self._standardize(x) @ self.weight + self.bias).argmax(-1)
+
+
+class RidgeProbe(_Standardized):
+    """Ridge regression on standardized features and targets, solved exactly.
+
+    Args:
+        l2: Weight of ``0.5 * ||w||^2`` added to half the mean squared error (the bias is not penalized).
+    """
+
+    def __init__(self, l2: float = 1e-3):
+        self.l2 = l2
+        self.target_mean = 0.0
+        self.target_scale = 1.0
+
+    def fit(self, x: torch.Tensor, y: torch.Tensor, num_labels: int = 0) -> RidgeProbe:
+        """Fits ``y ≈ x w + b`` on features ``x`` ``[n, dim]`` and numbers ``y`` ``[n]``."""
+        z, y = self._standardize(x, fit=True), y.double()
+        self.target_mean, self.target_scale = float(y.mean()), max(float(y.std()), 1e-12)
+        t = (y - self.target_mean) / self.target_scale
+        gram = z.T @ z / len(z) + self.l2 * torch.eye(z.shape[1], dtype=torch.float64)
+        self.weight = torch.linalg.solve(gram, z.T @ t / len(z))
+        return self
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """The predicted number of each row of ``x``."""
+        return self._standardize(x) @ self.weight * self.target_scale + self.target_mean

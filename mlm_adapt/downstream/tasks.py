@@ -1,8 +1,5 @@
-"""Loading the labelled files of a ``downstream.tasks`` entry, by its type's rules.
-
-Files are read by the corpus loader's rules (jsonl/json/csv/parquet, globs, one-line errors naming the file
-and the config key ``downstream.tasks[i].<key>``); the labels are checked before any model sees them.
-"""
+"""Loading the labelled files of a ``downstream.tasks`` entry (jsonl/json/csv/parquet, globs, one-line errors
+naming the file and the config key), checked by its type's rules before any model sees them."""
 
 from __future__ import annotations
 
@@ -13,8 +10,8 @@ from typing import Any
 
 import datasets
 
-from mlm_adapt.downstream.spec import DownstreamTask, TaskSplit, task_key
 from mlm_adapt.downstream.types import TaskType, task_type
+from mlm_adapt.downstream.types.base import DownstreamTask, TaskSplit, task_key
 from mlm_adapt.errors import MLMAdaptError, exception_line, user_code
 from mlm_adapt.text.corpus import BUILDERS, empty_file_error, encoding_error, expand_files
 
@@ -61,7 +58,7 @@ def parse_task(entry: DownstreamTask | dict[str, Any], index: int) -> Downstream
 
 
 def load_table(
-    files: list[str], files_key: str, columns: dict[str, str], key_prefix: str, cache_dir: str | None = None
+    files: list[str], files_key: str, columns: dict[str, str], index: int, cache_dir: str | None = None
 ) -> datasets.Dataset:
     """Loads ``files`` (grouped by format, in order) keeping ``columns`` (``{config key: column}``) only."""
     by_builder: dict[str, list[str]] = {}
@@ -84,14 +81,13 @@ def load_table(
         try:
             part = datasets.load_dataset(builder, data_files=group, split="train", cache_dir=cache_dir)
         except Exception as exc:
-            reason = exception_line(exc)
             raise MLMAdaptError(
-                f"{files_key}: could not read {', '.join(group)} as {builder}: {reason}"
+                f"{files_key}: could not read {', '.join(group)} as {builder}: {exception_line(exc)}"
             ) from exc
         for key, column in columns.items():
             if column not in part.column_names:
                 raise MLMAdaptError(
-                    f"{key_prefix}{key}: column {column!r} not found in {', '.join(group)} "
+                    f"{task_key(index, key)}: column {column!r} not found in {', '.join(group)} "
                     f"(columns: {', '.join(part.column_names)})"
                 )
         parts.append(part.select_columns(list(dict.fromkeys(columns.values()))))
@@ -104,7 +100,7 @@ READER_HINT = "a task type returns its examples or raises an error, never exits"
 def _reader(kind: TaskType, index: int, method: str) -> str:
     """The task type's method, as messages name it (a registered type may be the user's code)."""
     cls = type(kind)
-    return f"downstream.tasks[{index}].type: {kind.name} ({cls.__module__}.{cls.__qualname__}.{method})"
+    return f"{task_key(index, 'type')}: {kind.name} ({cls.__module__}.{cls.__qualname__}.{method})"
 
 
 def _load_split(
@@ -112,7 +108,7 @@ def _load_split(
 ) -> tuple[TaskSplit, list]:
     files_key = task_key(index, f"{split}_files")
     files = expand_files(getattr(task, f"{split}_files"), files_key)
-    table = load_table(files, files_key, kind.columns(task), f"downstream.tasks[{index}].", cache_dir)
+    table = load_table(files, files_key, kind.columns(task), index, cache_dir)
     if len(table) == 0:
         raise MLMAdaptError(f"{files_key}: {', '.join(files)} holds no examples")
     with user_code(_reader(kind, index, "read"), READER_HINT):
@@ -120,13 +116,8 @@ def _load_split(
 
 
 def load_task(entry: DownstreamTask | dict[str, Any], index: int, cache_dir: str | None = None) -> LoadedTask:
-    """Loads and checks both splits of task ``index`` (its position in ``downstream.tasks``).
-
-    Raises:
-        MLMAdaptError: A file is missing or unreadable, a column is unknown, or the labels do not suit the
-            type (e.g. words and tags differ in length, one class only, a test class the training split
-            lacks, a non-numeric regression label).
-    """
+    """Loads and checks both splits of task ``index`` (its position in ``downstream.tasks``); one-line
+    ``MLMAdaptError`` for a missing or unreadable file, an unknown column, or labels unfit for the type."""
     task = parse_task(entry, index)
     kind = task_type(task.type, index)
     train, train_raw = _load_split(task, kind, index, "train", cache_dir)

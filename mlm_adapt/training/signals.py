@@ -1,23 +1,16 @@
 """SIGTERM and the requeue signal during ``fit``: a checkpoint at the next optimizer step, then a known exit.
 
-Lightning 2.x already turns SIGTERM into a flag (``trainer.received_sigterm``) and, at the end of the batch
-the signal arrived in, a ``SIGTERMException`` -- but it saves nothing, stops in the middle of a gradient
-accumulation, and that exception is a ``SystemExit`` without a code (status 0: a requeue script sees
-success). :class:`StopOnSignal` keeps Lightning's mechanism and adds the missing parts:
+Lightning turns SIGTERM into a flag (``trainer.received_sigterm``) and then a ``SIGTERMException``, but it
+saves nothing, stops mid-accumulation, and that exception is a ``SystemExit`` with status 0 (a requeue
+script sees success). :class:`StopOnSignal` holds the flag back to the next optimizer step, writes
+``last.ckpt`` there through the strategy (old or new, never partial; ``fit --ckpt_path last`` continues
+exactly), and the CLI exits with ``128 + signal`` (143 for SIGTERM).
 
-- the flag is held back until the batch that ends with an optimizer step (the next step boundary);
-- there ``last.ckpt`` is written through the strategy (so through
-  :class:`~mlm_adapt.training.resume.AtomicCheckpointIO`: old or new, never partial), at the same hook
-  where ``ModelCheckpoint`` saves, so ``fit --ckpt_path last`` continues exactly (see ``ExactResume``);
-- the CLI exits with ``128 + signal`` (143 for SIGTERM), however the signal reached it.
-
-The requeue signal (SLURM's ``--signal=USR1@90``; ``SLURMEnvironment.requeue_signal``) is handled the same
-way; where Lightning's SLURM auto-requeue is configured, rank 0 then also runs ``scontrol requeue`` and the
-requeued job continues with ``--ckpt_path last`` (as ``scripts/slurm/train.sbatch`` passes). Lightning's
-own handlers are not used: they save ``hpc_ckpt`` inside the signal handler, wherever each rank happens to
-be (mid-step, or mid-optimizer update), so the requeued job trained on other states than the one it
-replaced; and its SIGTERM handler broadcasts from inside the handler, which can pair with any collective
-of another rank. At a step boundary every rank agrees first (one ``all_reduce``), then saves together.
+The requeue signal (SLURM's ``--signal=USR1@90``) is handled the same way, and rank 0 then runs ``scontrol
+requeue`` where Lightning's SLURM auto-requeue is on. Lightning's own handlers save inside the handler,
+wherever each rank is (mid-step: the requeued job trained on other states than the one it replaced), and
+broadcast from it, which can pair with any collective of another rank; here every rank agrees at a step
+boundary (one ``all_reduce``), then saves together.
 """
 
 from __future__ import annotations
@@ -94,8 +87,7 @@ STOP = StopState()
 def requeue_signal(trainer: L.Trainer | None = None) -> int:
     """The signal a cluster sends ahead of a requeue: the SLURM environment's, else SIGUSR1."""
     environment = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
-    configured = getattr(environment, "requeue_signal", None) if environment is not None else None
-    return int(configured or signal.SIGUSR1)
+    return int(getattr(environment, "requeue_signal", None) or signal.SIGUSR1)
 
 
 def lightning_requeues(trainer: L.Trainer) -> bool:
@@ -109,9 +101,8 @@ def _record(signum: int, _frame: FrameType | None) -> None:
 
 
 def stop_now(signum: int, _frame: FrameType | None) -> None:
-    """The handler outside training: record the signal and stop at once."""
-    # Outside training (parsing, data preparation, export) there is no step to finish: stop at once, with
-    # the same status as during training.
+    """The handler outside training (parsing, data preparation, export): no step to finish, so record the
+    signal and stop at once, with the same status as during training."""
     _record(signum, _frame)
     raise Stopped(STOP.exit_code)
 
@@ -136,11 +127,8 @@ def checkpoint_path(trainer: L.Trainer) -> Path:
 
 
 class StopOnSignal(L.Callback):
-    """On SIGTERM (or the requeue signal) during ``fit``: ``last.ckpt`` at the next optimizer step, then stop.
-
-    The process then exits with ``128 + signal`` (the CLI reads :data:`STOP`); ``fit --ckpt_path last``
-    continues from that step, neither losing nor repeating one.
-    """
+    """On SIGTERM (or the requeue signal) during ``fit``: ``last.ckpt`` at the next optimizer step, then stop
+    (the CLI exits with ``128 + signal``, reading :data:`STOP`); ``--ckpt_path last`` continues there."""
 
     def __init__(self) -> None:
         self._previous: dict[int, Any] = {}
@@ -173,16 +161,8 @@ class StopOnSignal(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
         # Ctrl-C (or a signal that raised) while training or validating inside fit: the step it stopped at.
-        stage = trainer.state.stage
-        if (
-            STOP.signum is not None
-            and STOP.checkpoint is None
-            and stage
-            in (
-                RunningStage.TRAINING,
-                RunningStage.VALIDATING,
-            )
-        ):
+        in_steps = trainer.state.stage in (RunningStage.TRAINING, RunningStage.VALIDATING)
+        if STOP.signum is not None and STOP.checkpoint is None and in_steps:
             STOP.step = trainer.global_step
 
     @override
@@ -233,22 +213,20 @@ def slurm_job_id() -> str | None:
     return job if job and re.fullmatch(r"[0-9_]+", job) else None
 
 
-def requeue_slurm_job() -> bool:
+def requeue_slurm_job() -> None:
     """``scontrol requeue`` this job (it restarts with ``--ckpt_path last``); a failure is warned only."""
     job = slurm_job_id()
     if job is None:
         rank_zero_warn("mlm_adapt: requeue signal outside a Slurm job; not requeued")
-        return False
+        return
     try:
         result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+        failure = None if result.returncode == 0 else result.stderr.strip() or result.returncode
     except (OSError, subprocess.TimeoutExpired) as exc:
-        rank_zero_warn(f"mlm_adapt: scontrol requeue {job} failed ({exc}); resubmit with --ckpt_path last")
-        return False
-    if result.returncode != 0:
+        failure = exc
+    if failure is None:
+        rank_zero_info(f"mlm_adapt: requeued Slurm job {job}; it continues from the checkpoint")
+    else:
         rank_zero_warn(
-            f"mlm_adapt: scontrol requeue {job} failed ({result.stderr.strip() or result.returncode}); "
-            "resubmit with --ckpt_path last"
+            f"mlm_adapt: scontrol requeue {job} failed ({failure}); resubmit with --ckpt_path last"
         )
-        return False
-    rank_zero_info(f"mlm_adapt: requeued Slurm job {job}; it continues from the checkpoint")
-    return True

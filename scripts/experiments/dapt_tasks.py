@@ -20,9 +20,9 @@ import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 from mlm_adapt.downstream import DownstreamEvaluation
-from mlm_adapt.downstream.probe import LinearProbe
-from mlm_adapt.downstream.scores import class_scores
+from mlm_adapt.downstream.features import LinearProbe
 from mlm_adapt.downstream.tasks import load_task
+from mlm_adapt.downstream.types.sequence import class_scores
 
 ENTITY_TYPES = {"nr": "PER", "ns": "LOC", "nt": "ORG"}
 SENTENCE_ENDS = set("。！？")

@@ -7,10 +7,8 @@ from task_files import ner_files, sentiment_files, task, write_jsonl
 from transformers import AutoModelForMaskedLM
 
 from mlm_adapt.downstream import TASK_TYPES, TaskEvaluator, load_task
-from mlm_adapt.downstream.features import IGNORE
-from mlm_adapt.downstream.probe import LinearProbe
-from mlm_adapt.downstream.scores import entity_spans
-from mlm_adapt.downstream.types.token import encode_words
+from mlm_adapt.downstream.features import IGNORE, LinearProbe
+from mlm_adapt.downstream.types.token import encode_words, entity_spans
 
 
 def test_probe_reaches_high_accuracy_on_a_separable_task_through_a_saved_model(

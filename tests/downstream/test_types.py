@@ -9,8 +9,8 @@ from task_files import pair_files, score_files, score_rows, sentiment_files, tas
 from transformers import AutoModelForMaskedLM
 
 from mlm_adapt.downstream import TASK_TYPES, TaskEvaluator, load_task
-from mlm_adapt.downstream.features import extract_features, layer_states
-from mlm_adapt.downstream.types.regression import RidgeProbe, correlations
+from mlm_adapt.downstream.features import RidgeProbe, extract_features, layer_states
+from mlm_adapt.downstream.types.sequence import correlations
 from mlm_adapt.errors import MLMAdaptError
 
 

@@ -6,7 +6,7 @@ import csv
 
 from lightning.pytorch.loggers import CSVLogger
 
-from mlm_adapt.training.continue_logs import continue_csv_logs
+from mlm_adapt.training.resume import attach_csv_logs, drop_rows_after
 
 
 def read(path):
@@ -24,7 +24,8 @@ def test_csv_log_continues_at_the_checkpoint_step(tmp_path):
     assert len(read(metrics)) == 11
 
     resumed = CSVLogger(tmp_path, name="csv", version=0)
-    assert continue_csv_logs([resumed], step=4) == [metrics]
+    assert attach_csv_logs([resumed]) == [metrics]  # the CLI's two steps: attach, then drop once accepted
+    drop_rows_after([resumed], step=4)
     resumed.log_metrics({"train/loss": 0.5, "train/lr": 1e-3}, step=5)  # a new column, too
     resumed.save()
     rows = read(metrics)

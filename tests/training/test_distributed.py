@@ -119,7 +119,7 @@ def test_epoch_sampler_shards_are_disjoint_cover_the_data_and_reshuffle_per_epoc
 def test_global_batch_info_counts_accumulation_devices_and_nodes():
     from types import SimpleNamespace
 
-    from mlm_adapt.training.scale import GlobalBatchInfo
+    from mlm_adapt.training import GlobalBatchInfo
 
     logged = []
     logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((metrics, step)))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.training.forgetting import ForgettingWarning, forgotten_sets
+from mlm_adapt.training import ForgettingWarning, forgotten_sets
 
 BASELINE = {"val/perplexity": 100.0, "val_general/perplexity": 50.0, "val_news/perplexity": 40.0}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from jsonargparse import Namespace
 
-from mlm_adapt.training.resume_lookup import (
+from mlm_adapt.training.resume import (
     conflict_message,
     find_last_checkpoint,
     resolve_resume,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlm_adapt.training.resume_lookup import resume_conflicts
+from mlm_adapt.training.resume import resume_conflicts
 
 SPEC = {"class_path": "my.Segmenter", "init_args": {"max_chars": 3}}
 

@@ -1,15 +1,10 @@
-"""Downstream task types: one module each behind :class:`~mlm_adapt.downstream.types.base.TaskType`.
-
-A new type is one module (a ``TaskType`` subclass) plus one line in ``TASK_TYPES`` below.
-"""
+"""Downstream task types behind :class:`~mlm_adapt.downstream.types.base.TaskType`: a new type is a
+``TaskType`` subclass (one module) plus one line in ``TASK_TYPES`` below."""
 
 from __future__ import annotations
 
-from mlm_adapt.downstream.spec import task_key
-from mlm_adapt.downstream.types.base import TaskType
-from mlm_adapt.downstream.types.pair import PairClassification
-from mlm_adapt.downstream.types.regression import Regression
-from mlm_adapt.downstream.types.sequence import SequenceClassification
+from mlm_adapt.downstream.types.base import TaskType, task_key
+from mlm_adapt.downstream.types.sequence import PairClassification, Regression, SequenceClassification
 from mlm_adapt.downstream.types.token import TokenClassification
 from mlm_adapt.errors import MLMAdaptError
 

@@ -1,31 +1,91 @@
-"""The interface every downstream task type implements (one module per type, registered in ``__init__``).
-
-A type decides, for its kind of labels, everything the two methods need:
-
-- ``name``, ``columns`` (config key → column with the type's defaults), ``check`` (config errors)
-- ``read``: examples and raw labels of a loaded table, ``targets``: label names and training targets
-- ``encode``: tokenized rows of a split, and which ``(example, unit)`` each row scores
-- ``select``: the probe's feature vectors and targets in a batch of hidden states
-- ``probe``: the model fitted on frozen features (``fit(x, y, num_labels)``, ``predict(x)``)
-- ``auto_model`` and ``configure``: the ``AutoModelFor…`` class and config of a fine-tune
-- ``batch_labels`` and ``predictions``: labels of a fine-tuning batch, predictions from its logits
-- ``score``: metrics of predictions and their bootstrap spread over test examples
-"""
+"""What a downstream task is (its ``downstream.tasks`` entry, one split's examples) and ``TaskType``, the
+interface every task type implements (one module per type, registered in ``__init__``)."""
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import datasets
 import torch
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from mlm_adapt.downstream.features import Encoding, Place, Pooling
-from mlm_adapt.downstream.probe import LinearProbe
-from mlm_adapt.downstream.scores import Score
-from mlm_adapt.downstream.spec import DownstreamTask, TaskSplit, task_key
+from mlm_adapt.downstream.features import Encoding, LinearProbe, Place, Pooling
 from mlm_adapt.errors import MLMAdaptError
+
+Score = dict[str, float]
+
+
+@dataclass
+class DownstreamTask:
+    """One labelled task evaluated during adaptation.
+
+    Args:
+        name: Short name; metrics are logged as ``downstream/<name>/<metric>``.
+        train_files: Files (or globs) the probe or fine-tune learns from.
+        test_files: Files (or globs) the task is scored on.
+        type: ``sequence_classification``, ``pair_classification``, ``token_classification`` or
+            ``regression`` (docs/downstream.md).
+        text_column: Text column (default ``text``; ``sentence1`` for ``pair_classification``).
+        text_pair_column: Second text column (default none; ``sentence2``, required, for pairs).
+        label_column: Label column: class names or integers; numbers for ``regression``.
+        tokens_column: Column holding each example's words as a list (token classification).
+        tags_column: Column holding one tag per word (token classification), e.g. ``B-PER``/``I-PER``/``O``.
+    """
+
+    name: str
+    train_files: list[str]
+    test_files: list[str]
+    type: str = "sequence_classification"
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    label_column: str = "label"
+    tokens_column: str = "tokens"
+    tags_column: str = "tags"
+
+
+@dataclass
+class TaskSplit:
+    """One split of a loaded task. ``texts`` (and ``pairs``) for text tasks, ``words`` for token tasks;
+    ``labels`` holds one target per example (a class index, a number, or a list of tag indices)."""
+
+    texts: list[str] = field(default_factory=list)
+    pairs: list[str] | None = None
+    words: list[list[str]] = field(default_factory=list)
+    labels: list[Any] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def sample(self, limit: int | None, seed: int = 0) -> TaskSplit:
+        """At most ``limit`` examples, a seeded random subset in file order (``None``: all)."""
+        if limit is None or len(self) <= limit:
+            return self
+        keep = sorted(random.Random(seed).sample(range(len(self)), limit))
+        return TaskSplit(
+            texts=[self.texts[i] for i in keep] if self.texts else [],
+            pairs=[self.pairs[i] for i in keep] if self.pairs is not None else None,
+            words=[self.words[i] for i in keep] if self.words else [],
+            labels=[self.labels[i] for i in keep],
+        )
+
+
+def task_key(index: int, name: str) -> str:
+    """The config key of a task's field, as error messages name it."""
+    return f"downstream.tasks[{index}].{name}"
+
+
+def bootstrap_std(n: int, score: Callable[[torch.Tensor], Score], samples: int, seed: int = 0) -> Score:
+    """Standard deviation of ``score(indices)`` over ``samples`` resamples (with replacement) of ``n`` test
+    examples: the standard error of each metric due to the choice of test set."""
+    if samples < 2:
+        return {}
+    generator = torch.Generator().manual_seed(seed)
+    draws = [score(torch.randint(n, (n,), generator=generator)) for _ in range(samples)]
+    return {k: float(torch.tensor([d[k] for d in draws]).std()) for k in draws[0]}
 
 
 class Probe(Protocol):
@@ -41,8 +101,7 @@ class TaskType(ABC):
 
     Attributes:
         name: The ``type:`` value of a task entry.
-        default_columns: Config key → column name used when the entry leaves the key unset (``None``:
-            no such column unless set).
+        default_columns: Config key → column name when the entry leaves the key unset (``None``: none).
         required: Config keys that must name a column.
         label_key: The config key of the labels (named by label errors).
         auto_model: The ``AutoModelFor…`` class a fine-tune builds.
@@ -72,14 +131,8 @@ class TaskType(ABC):
     def read(
         self, table: datasets.Dataset, task: DownstreamTask, index: int, files: str
     ) -> tuple[TaskSplit, list]:
-        """The examples of a loaded table (columns as :meth:`columns`) and their raw labels, checked.
-
-        Args:
-            table: The split's rows.
-            task: Its entry.
-            index: Its position in ``downstream.tasks`` (for error messages).
-            files: The split's files, comma-separated (for error messages).
-        """
+        """The examples of a loaded table (columns as :meth:`columns`) and their raw labels, checked;
+        ``index`` (the task's position) and ``files`` (comma-separated) are for error messages."""
 
     @abstractmethod
     def targets(
@@ -100,7 +153,8 @@ class TaskType(ABC):
         encoding: Encoding,
         pooling: Pooling,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Features ``[k, dim]`` and targets ``[k]`` of the units placed in ``rows`` (in row order)."""
+        """The probe's features ``[k, dim]`` and targets ``[k]`` of the units placed in ``rows`` (in row
+        order), from a batch's hidden states."""
 
     @abstractmethod
     def probe(self, l2: float) -> Probe:

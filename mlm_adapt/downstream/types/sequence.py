@@ -1,22 +1,41 @@
-"""``sequence_classification``: one class per text (or per text pair when ``text_pair_column`` is set).
-
-Scored by accuracy and macro-F1; the probe reads pooled features of the whole row; a fine-tune trains an
-``AutoModelForSequenceClassification`` head. The pair and regression types build on this one.
+"""The types with one target per text (or text pair), probed on pooled features of the whole row and
+fine-tuned as an ``AutoModelForSequenceClassification``: ``sequence_classification`` (one class, scored by
+accuracy and macro-F1), ``pair_classification`` (its variant for text pairs) and ``regression`` (one number,
+e.g. STS similarity, scored by Pearson and Spearman; a ridge probe, a one-output head with MSE).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import datasets
 import torch
-from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerBase
+from torchmetrics.functional import pearson_corrcoef, spearman_corrcoef
+from torchmetrics.functional.classification import multiclass_accuracy, multiclass_f1_score
+from transformers import AutoModelForSequenceClassification, PretrainedConfig, PreTrainedTokenizerBase
 
-from mlm_adapt.downstream.features import Encoding, Place, Pooling
-from mlm_adapt.downstream.scores import Score, bootstrap_std, class_scores
-from mlm_adapt.downstream.spec import DownstreamTask, TaskSplit, task_key
-from mlm_adapt.downstream.types.base import ClassificationType, class_label, class_names
+from mlm_adapt.downstream.features import Encoding, Place, Pooling, RidgeProbe
+from mlm_adapt.downstream.types.base import (
+    ClassificationType,
+    DownstreamTask,
+    Probe,
+    Score,
+    TaskSplit,
+    bootstrap_std,
+    class_label,
+    class_names,
+    task_key,
+)
 from mlm_adapt.errors import MLMAdaptError
+
+
+def class_scores(preds: torch.Tensor, labels: torch.Tensor, num_classes: int) -> Score:
+    """Accuracy (micro) and macro-F1 (unweighted mean of the per-class F1) of class predictions."""
+    return {
+        "accuracy": multiclass_accuracy(preds, labels, num_classes, average="micro").item(),
+        "macro_f1": multiclass_f1_score(preds, labels, num_classes, average="macro").item(),
+    }
 
 
 def pool(states: torch.Tensor, batch: dict[str, torch.Tensor], pooling: Pooling) -> torch.Tensor:
@@ -98,3 +117,73 @@ class SequenceClassification(ClassificationType):
         labels, n = torch.tensor(gold), len(label_names)
         scores = class_scores(preds, labels, n)
         return scores, bootstrap_std(len(labels), lambda i: class_scores(preds[i], labels[i], n), bootstrap)
+
+
+class PairClassification(SequenceClassification):
+    """One class per text pair (CLUE AFQMC, OCNLI, CMNLI): the columns default to CLUE's jsonl
+    (``sentence1``, ``sentence2``, ``label``), so those files work as they are."""
+
+    name = "pair_classification"
+    default_columns = {"text_column": "sentence1", "text_pair_column": "sentence2", "label_column": "label"}
+    required = ("text_pair_column",)
+
+
+def correlations(preds: torch.Tensor, gold: torch.Tensor) -> Score:
+    """Pearson and Spearman correlation of predictions with the gold numbers (0 when either is constant,
+    where correlation is undefined)."""
+    preds, gold = preds.double(), gold.double()
+    if len(gold) < 2 or preds.std() == 0 or gold.std() == 0:
+        return {"pearson": 0.0, "spearman": 0.0}
+    return {
+        "pearson": float(pearson_corrcoef(preds, gold)),
+        "spearman": float(spearman_corrcoef(preds, gold)),
+    }
+
+
+class Regression(SequenceClassification):
+    """One number per text or text pair."""
+
+    name = "regression"
+
+    def label(self, value: Any, key: str, files: str) -> float:
+        try:  # bool is an int to Python, but True is no score
+            number = float("nan") if isinstance(value, bool) else float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if not math.isfinite(number):
+            raise MLMAdaptError(
+                f"{key}: label {value!r} in {files} is not a number; a regression task needs a finite "
+                "number per example (use sequence_classification for class names)"
+            )
+        return number
+
+    def targets(
+        self, train: list, test: list, index: int, task: DownstreamTask
+    ) -> tuple[list[str], list, list]:
+        if len(set(train)) < 2:
+            raise MLMAdaptError(
+                f"{task_key(index, 'label_column')}: the training files {', '.join(task.train_files)} "
+                f"hold one value only ({train[0]!r}); a regression task needs varied targets"
+            )
+        return [], list(train), list(test)
+
+    def probe(self, l2: float) -> Probe:
+        return RidgeProbe(l2=l2)
+
+    def configure(self, config: PretrainedConfig, label_names: list[str]) -> None:
+        config.num_labels = 1
+        config.problem_type = "regression"
+
+    def batch_labels(self, encoding: Encoding, rows: list[int], width: int) -> torch.Tensor:
+        return torch.tensor([encoding.targets[i] for i in rows], dtype=torch.float32)
+
+    def predictions(self, logits: torch.Tensor, encoding: Encoding, rows: list[int]) -> torch.Tensor:
+        return logits[:, 0].float()
+
+    def score(
+        self, preds: torch.Tensor, placed: list[Place], gold: list, label_names: list[str], bootstrap: int
+    ) -> tuple[Score, Score]:
+        target = torch.tensor(gold, dtype=torch.float64)
+        preds = preds.double()
+        spread = bootstrap_std(len(target), lambda i: correlations(preds[i], target[i]), bootstrap)
+        return correlations(preds, target), spread

@@ -1,28 +1,73 @@
-"""``token_classification``: one BIO tag per word (NER, chunking), scored by entity-level F1.
+"""``token_classification``: one BIO tag per word (NER, chunking), scored by entity-level F1 (exact span and
+type, micro-averaged over entities, as conlleval/seqeval) and word ``accuracy``.
 
-Words are tokenized as pre-split words; examples longer than ``max_length`` tokens continue in further rows
-(``return_overflowing_tokens``), so every word is scored, not only the first ``max_length``. A word's label
-sits on its FIRST sub-token (the usual alignment for BERT taggers); the other sub-tokens, special tokens and
-padding get ``-100`` and are neither trained on nor scored. Entity F1 is exact span and type,
-micro-averaged over entities (conlleval/seqeval); word ``accuracy`` is logged too.
+A word's label sits on its FIRST sub-token (the usual alignment for BERT taggers); the other sub-tokens,
+special tokens and padding get ``-100`` and are neither trained on nor scored.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import datasets
 import torch
 from transformers import AutoModelForTokenClassification, PreTrainedTokenizerBase
 
 from mlm_adapt.downstream.features import IGNORE, Encoding, Place, Pooling
-from mlm_adapt.downstream.scores import Score, bootstrap_std, scores_from_counts, token_scores
-from mlm_adapt.downstream.spec import DownstreamTask, TaskSplit, task_key
-from mlm_adapt.downstream.types.base import ClassificationType, class_label, class_names
+from mlm_adapt.downstream.types.base import (
+    ClassificationType,
+    DownstreamTask,
+    Score,
+    TaskSplit,
+    bootstrap_std,
+    class_label,
+    class_names,
+    task_key,
+)
 from mlm_adapt.errors import MLMAdaptError
 
 # Tags entity-level F1 understands (BIO/IOB2): anything else would score 0 without a word.
 BIO_TAG = re.compile(r"O|[BI]-.+")
+
+
+def entity_spans(tags: Sequence[str]) -> set[tuple[str, int, int]]:
+    """``(type, start, end)`` entities of a BIO/IOB2 sequence (``end`` exclusive); as in conlleval/seqeval's
+    default mode, an ``I-X`` that does not continue an ``X`` entity starts one."""
+    spans, kind, start = set(), None, 0
+    for i, tag in enumerate([*tags, "O"]):
+        prefix, _, label = tag.partition("-")
+        continues = prefix == "I" and label == kind
+        if kind is not None and not continues:
+            spans.add((kind, start, i))
+            kind = None
+        if prefix in ("B", "I") and not continues:
+            kind, start = label, i
+    return spans
+
+
+def token_scores(
+    pred: Sequence[Sequence[int]], gold: Sequence[Sequence[int]], label_names: Sequence[str]
+) -> tuple[Score, torch.Tensor]:
+    """Entity-level F1 and word accuracy of tag predictions, and per sentence the counts ``[correct
+    entities, predicted entities, gold entities, correct words, words]`` (for resampling)."""
+    rows = []
+    for pred_ids, gold_ids in zip(pred, gold, strict=True):
+        p = entity_spans([label_names[i] for i in pred_ids])
+        g = entity_spans([label_names[i] for i in gold_ids])
+        right = sum(a == b for a, b in zip(pred_ids, gold_ids, strict=True))
+        rows.append((len(p & g), len(p), len(g), right, len(gold_ids)))
+    counts = torch.tensor(rows, dtype=torch.float64).reshape(-1, 5)
+    return scores_from_counts(counts), counts
+
+
+def scores_from_counts(counts: torch.Tensor) -> Score:
+    """Micro entity-level F1 (0 when there is nothing to match) and word accuracy of summed counts."""
+    correct, predicted, gold, right, words = counts.sum(0).tolist()
+    return {
+        "f1": 2 * correct / (predicted + gold) if predicted + gold else 0.0,
+        "accuracy": right / words if words else 0.0,
+    }
 
 
 def encode_words(
@@ -107,7 +152,7 @@ class TokenClassification(ClassificationType):
     def encode(self, tokenizer: PreTrainedTokenizerBase, split: TaskSplit, max_length: int) -> Encoding:
         return encode_words(tokenizer, split.words, split.labels, max_length)
 
-    def _labelled(self, encoding: Encoding, rows: list[int], width: int) -> torch.Tensor:
+    def batch_labels(self, encoding: Encoding, rows: list[int], width: int) -> torch.Tensor:
         labels = torch.full((len(rows), width), IGNORE)
         for row, i in enumerate(rows):
             labels[row, : len(encoding.targets[i])] = torch.tensor(encoding.targets[i])
@@ -121,15 +166,12 @@ class TokenClassification(ClassificationType):
         encoding: Encoding,
         pooling: Pooling,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        labels = self._labelled(encoding, rows, states.shape[1])
+        labels = self.batch_labels(encoding, rows, states.shape[1])
         keep = (labels != IGNORE).to(states.device)
         return states[keep], labels[keep.cpu()]
 
-    def batch_labels(self, encoding: Encoding, rows: list[int], width: int) -> torch.Tensor:
-        return self._labelled(encoding, rows, width)
-
     def predictions(self, logits: torch.Tensor, encoding: Encoding, rows: list[int]) -> torch.Tensor:
-        keep = self._labelled(encoding, rows, logits.shape[1]) != IGNORE
+        keep = self.batch_labels(encoding, rows, logits.shape[1]) != IGNORE
         return logits[keep.to(logits.device)].argmax(-1)
 
     def score(
