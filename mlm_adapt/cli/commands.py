@@ -8,6 +8,7 @@ and ``128 + signal`` (see :mod:`mlm_adapt.training.signals`).
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import sys
@@ -15,19 +16,19 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import NamedTuple
 
-import jsonargparse
-import yaml
+import transformers
+from jsonargparse import ArgumentParser
 
-from mlm_adapt.cli.export import export_main
+from mlm_adapt.cli.data_only import prepare_main, preview_main, vocab_main
 from mlm_adapt.cli.fill_mask import fill_mask_main
 from mlm_adapt.cli.fit import MLMAdaptCLI
 from mlm_adapt.cli.plot import plot_main
-from mlm_adapt.cli.prepare import prepare_main
-from mlm_adapt.cli.preview import preview_main
-from mlm_adapt.cli.vocab import vocab_main
+from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import (
     DEBUG_ENV,
     DEBUG_HINT,
@@ -37,9 +38,77 @@ from mlm_adapt.errors import (
     parser_message,
     user_message,
 )
-from mlm_adapt.guard.loads import bounded_loader
+from mlm_adapt.export.checkpoint import export_checkpoint
+from mlm_adapt.export.options import ExportOptions
+from mlm_adapt.guard.loads import bound_yaml
 from mlm_adapt.guard.outputs import forget_published, missing_published
+from mlm_adapt.model.metrics import metrics_table
 from mlm_adapt.training.signals import STOP, install_stop_handlers, stop_now
+
+
+@dataclass(kw_only=True, eq=False)
+class ExportCommand(ExportOptions):
+    """Writes a checkpoint of fit as a Hugging Face directory: safetensors weights, the tokenizer,
+    training_config.yaml and a README.md model card with the before/after validation metrics; the directory is
+    reloaded with AutoModelForMaskedLM/AutoTokenizer and its logits compared with the checkpoint's.
+
+    Args:
+        ckpt_path: Checkpoint file (.ckpt: single device, DDP, FSDP full) or FSDP sharded directory.
+        output_dir: Directory to write; must be empty or absent, or an earlier export with --overwrite.
+        base_model: Base model directory or Hub name, if the one recorded in the checkpoint is not available
+            here (its config and tokenizer are used; the weights come from the checkpoint).
+        progress_bar: Show progress bars; false (batch jobs) logs one line per phase with its duration.
+    """
+
+    ckpt_path: str
+    output_dir: str
+    base_model: str | None = None
+    progress_bar: bool = True
+
+
+def bare_flags(args: list[str], options: type) -> list[str]:
+    """Lets boolean options be given as bare flags: ``--overwrite`` -> ``--overwrite=true``.
+
+    jsonargparse expects a value after a boolean option; the commands document ``--overwrite`` and
+    ``--push_to_hub`` as flags, as users write them.
+    """
+    names = {
+        f"--{n}" for n, p in inspect.signature(options).parameters.items() if p.annotation in (bool, "bool")
+    }
+    out = []
+    for i, arg in enumerate(args):
+        value_follows = i + 1 < len(args) and args[i + 1].lower() in ("true", "false")
+        out.append(f"{arg}=true" if arg in names and not value_follows else arg)
+    return out
+
+
+def export_main(args: list[str]) -> None:
+    """Parses the options, exports, and prints the files, the reload check and the before/after table."""
+    parser = ArgumentParser(
+        prog="python -m mlm_adapt export",
+        description=ExportCommand.__doc__.split("\n")[0],
+        exit_on_error=False,
+    )
+    parser.add_class_arguments(ExportCommand)
+    command = ExportCommand(**parser.parse_args(bare_flags(args, ExportCommand)).as_dict())
+    transformers.logging.disable_progress_bar()
+    progress = Progress("export", bars=command.progress_bar)
+    result = export_checkpoint(command.ckpt_path, command.output_dir, command, command.base_model, progress)
+    output_dir = Path(command.output_dir)
+    files = sorted(p.name for p in output_dir.iterdir() if not p.name.startswith("."))
+    print(f"wrote {output_dir}: {', '.join(files)}")
+    if result.logit_difference is not None:
+        print(
+            "reload check: AutoModelForMaskedLM logits match the checkpoint "
+            f"(max |difference| {result.logit_difference:.2e})"
+        )
+    info = result.info
+    step = info.final_metrics_step
+    print(
+        metrics_table(info.baseline_metrics, info.final_metrics) + (f"\n(after: step {step})" if step else "")
+    )
+    if result.hub_url:
+        print(f"pushed to {result.hub_url}")
 
 
 class Command(NamedTuple):
@@ -67,14 +136,6 @@ def description() -> str:
         f"Trainer commands below; also {others} (python -m mlm_adapt COMMAND --help). Errors are one "
         f"line; add --debug (or set {DEBUG_ENV}=1) for the traceback."
     )
-
-
-def bound_yaml() -> None:
-    """Every YAML jsonargparse loads (``--config`` files, values) is refused past an alias-expansion limit."""
-    current = jsonargparse.get_loader("yaml")
-    if not getattr(current, "bounded", False):
-        # The exceptions jsonargparse expects from its YAML loader (it then treats the value as a string).
-        jsonargparse.set_loader("yaml", bounded_loader(current), exceptions=(yaml.YAMLError,))
 
 
 @contextmanager

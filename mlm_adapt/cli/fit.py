@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 from lightning.pytorch import Trainer
@@ -13,7 +14,6 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleD
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from typing_extensions import override
 
-from mlm_adapt.cli.option_errors import MLMAdaptArgumentParser
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
@@ -21,6 +21,8 @@ from mlm_adapt.export import HFExport
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.model.checkpoints import callback_state, checkpoint_metadata
 from mlm_adapt.model.loading import check_trainer_fits
+from mlm_adapt.text.chinese_variants import OPENCC_CONFIGS
+from mlm_adapt.text.segmentation import BUILTIN_NAMES
 from mlm_adapt.training import default_callbacks
 from mlm_adapt.training.continue_logs import attach_csv_logs
 from mlm_adapt.training.resume import ResumeCheck
@@ -36,6 +38,45 @@ from mlm_adapt.training.resume_lookup import (
 from mlm_adapt.training.user_callbacks import guard_user_callbacks
 
 EVALUATION_COMMANDS = ("validate", "test")
+_GIVEN = re.compile(r"Given value: (.*)")
+_CLASS_PATH = re.compile(r"Problem with given class_path '([^']*)':\s*\n\s*(.+)")
+# jsonargparse names the class only when the value is a mapping; a class path string is the given value.
+_NOT_A_SEGMENTER = re.compile(r"Import path (?:(\S+) )?does not implement protocol")
+
+
+def option_error_line(message: str) -> str | None:
+    """One line for jsonargparse's union report on ``data.segmenter``/``data.opencc`` (else ``None``): which
+    value, why, and what is accepted, instead of the usage and a dozen lines about every union member."""
+    given = _GIVEN.search(message)
+    value = given.group(1).strip() if given else "?"
+    if 'Parser key "data.segmenter"' in message:
+        names = ", ".join(BUILTIN_NAMES)
+        accepted = f"use a built-in name ({names}) or the class_path of a class with segment(texts)"
+        not_a_segmenter = _NOT_A_SEGMENTER.search(message)
+        if not_a_segmenter:
+            path = not_a_segmenter.group(1) or value
+            return f"data.segmenter: {path} has no segment(texts) method; {accepted}"
+        problem = _CLASS_PATH.search(message)
+        if problem:
+            path, reason = problem.group(1), problem.group(2).strip()
+            return f"data.segmenter: cannot use class_path {path!r} ({reason}); {accepted}"
+        return f"data.segmenter: unknown segmenter {value!r}; {accepted}"
+    if 'Parser key "data.opencc"' in message:
+        configs = ", ".join(OPENCC_CONFIGS)
+        return f"data.opencc: unknown OpenCC configuration {value!r}; use one of {configs} or null"
+    return None
+
+
+class MLMAdaptArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, with one-line errors for the union-typed options (:func:`option_error_line`)."""
+
+    @override
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        line = option_error_line(message)
+        if line is None:
+            super().error(message, ex)
+        # Raised whatever the parser's exit_on_error, for the CLI's one error boundary.
+        raise MLMAdaptError(line)
 
 
 class MLMAdaptCLI(LightningCLI):
@@ -158,10 +199,7 @@ class MLMAdaptCLI(LightningCLI):
         self._check_device_memory(training=False)
         self._check_checkpoint(WEIGHT_SETTINGS)
 
-    def before_test(self) -> None:
-        """As :meth:`before_validate`."""
-        self._check_device_memory(training=False)
-        self._check_checkpoint(WEIGHT_SETTINGS)
+    before_test = before_validate
 
     def after_fit(self) -> None:
         """Prints the wall time of the whole command: what a user budgets for the next run."""
