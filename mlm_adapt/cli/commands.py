@@ -1,9 +1,7 @@
-"""``python -m mlm_adapt COMMAND``: one registry of commands, used for dispatch and for ``--help``.
-
-Also the one error boundary: every user error -- a parser error, an :class:`MLMAdaptError`, a Lightning
-misconfiguration -- is one ``mlm_adapt: error: ...`` line and status 2 (``--debug`` keeps the traceback); a
-stop signal (Ctrl-C, SIGTERM, SIGUSR1) during any command is one line naming the command and what was kept,
-and ``128 + signal`` (see :mod:`mlm_adapt.training.signals`).
+"""``python -m mlm_adapt COMMAND``: the registry of commands (dispatch and ``--help``), ``export``, and the
+one error boundary: a user error (parser, :class:`MLMAdaptError`, Lightning misconfiguration) is one
+``mlm_adapt: error: ...`` line and status 2 (``--debug`` keeps the traceback); a stop signal (Ctrl-C,
+SIGTERM, SIGUSR1) is one line naming the command and what was kept, and ``128 + signal``.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ from mlm_adapt.errors import (
 from mlm_adapt.export.checkpoint import export_checkpoint
 from mlm_adapt.export.options import ExportOptions
 from mlm_adapt.guard.loads import bound_yaml
-from mlm_adapt.guard.outputs import forget_published, missing_published
+from mlm_adapt.guard.outputs import published
 from mlm_adapt.model.metrics import metrics_table
 from mlm_adapt.training.signals import STOP, install_stop_handlers, stop_now
 
@@ -67,11 +65,8 @@ class ExportCommand(ExportOptions):
 
 
 def bare_flags(args: list[str], options: type) -> list[str]:
-    """Lets boolean options be given as bare flags: ``--overwrite`` -> ``--overwrite=true``.
-
-    jsonargparse expects a value after a boolean option; the commands document ``--overwrite`` and
-    ``--push_to_hub`` as flags, as users write them.
-    """
+    """Lets boolean options be given as bare flags, as documented (``--overwrite`` -> ``--overwrite=true``):
+    jsonargparse expects a value after a boolean option."""
     names = {
         f"--{n}" for n, p in inspect.signature(options).parameters.items() if p.annotation in (bool, "bool")
     }
@@ -102,8 +97,7 @@ def export_main(args: list[str]) -> None:
             "reload check: AutoModelForMaskedLM logits match the checkpoint "
             f"(max |difference| {result.logit_difference:.2e})"
         )
-    info = result.info
-    step = info.final_metrics_step
+    info, step = result.info, result.info.final_metrics_step
     print(
         metrics_table(info.baseline_metrics, info.final_metrics) + (f"\n(after: step {step})" if step else "")
     )
@@ -140,12 +134,9 @@ def description() -> str:
 
 @contextmanager
 def stop_signals() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGUSR1 end any command with one line and ``128 + signal``.
-
-    During training SIGTERM/SIGUSR1 first write a checkpoint at the next step
-    (:mod:`mlm_adapt.training.signals`); elsewhere they stop at once. SIGINT raises :class:`Interrupted`,
-    so that Lightning's graceful shutdown and every ``finally`` (staging directories, locks) still run.
-    """
+    """SIGINT, SIGTERM and SIGUSR1 end any command with one line and ``128 + signal``: during training
+    SIGTERM/SIGUSR1 first checkpoint (:mod:`mlm_adapt.training.signals`); SIGINT raises :class:`Interrupted`,
+    so that Lightning's graceful shutdown and every ``finally`` (staging directories, locks) still run."""
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     install_stop_handlers()
     if threading.current_thread() is threading.main_thread():
@@ -164,12 +155,9 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
 
 
 def _child_signals() -> None:
-    """A forked worker does not inherit the command's stop handlers: the command stops it.
-
-    Ctrl-C reaches the whole process group: the workers ignore it, the command unwinds and ends its pool.
-    A pool ends its workers with SIGTERM, which must kill them at once (a handler raising inside a worker
-    that holds its pool's queue lock hangs the pool's shutdown, and with it the command).
-    """
+    """A forked worker drops the command's stop handlers: Ctrl-C reaches the whole process group, the workers
+    ignore it and the command ends its pool, with SIGTERM, which must kill them at once (a handler raising
+    in a worker holding its pool's queue lock would hang the pool's shutdown, and the command)."""
     if signal.getsignal(signal.SIGINT) is _interrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     for signum in (signal.SIGTERM, signal.SIGUSR1):
@@ -187,10 +175,9 @@ def _stopped(command: str) -> None:
 
 
 def _run(entry: Callable[[list[str]], object], args: list[str], usage: str) -> None:
-    # Every command starts with no signal recorded, whatever an earlier command in this process received
-    # (several commands run in one process from Python, or in a test session).
+    # No signal recorded, whatever an earlier command in this process (from Python, in tests) received.
     STOP.reset()
-    forget_published()
+    published.clear()
     command = usage or "mlm_adapt"
     with stop_signals():
         try:
@@ -198,17 +185,13 @@ def _run(entry: Callable[[list[str]], object], args: list[str], usage: str) -> N
                 entry(args)  # every exception with its traceback
             else:
                 _report_user_errors(entry, args, usage)
-        except SystemExit:
-            if STOP.signum is None:
-                raise  # --help, or an exit already reported
-            _stopped(command)
         except KeyboardInterrupt:  # Ctrl-C (a KeyboardInterrupt from user code is its error, reported there)
             STOP.signum = STOP.signum or signal.SIGINT
             _stopped(command)
-        except Exception:
+        except (SystemExit, Exception):
             if STOP.signum is None:
-                raise
-            # A library's cleanup failed while the stop unwound it (datasets' pool, waiting on its workers).
+                raise  # --help, an exit already reported, or a bug
+            # Stopped: whatever else happened on the way out (datasets' pool failing to wait on its workers).
             _stopped(command)
         if STOP.signum is not None:  # a signal during the export after training, say
             _stopped(command)
@@ -217,7 +200,7 @@ def _run(entry: Callable[[list[str]], object], args: list[str], usage: str) -> N
 
 def _check_published(command: str) -> None:
     """Exit 0 only when what the command published is there: its manifest or export marker."""
-    missing = missing_published()
+    missing = [(output, proof) for output, proof in published if not proof.is_file()]
     if missing:
         output, proof = missing[0]
         print(
@@ -256,20 +239,13 @@ def _fit_cli(args: list[str]) -> None:
     )
 
 
-# Third-party notices a user cannot act on, each silenced by its exact message (pyproject.toml's pytest
-# filterwarnings lists the same ones); every other warning is shown.
-THIRD_PARTY_NOISE = (
-    # torchdata's StatefulDataLoader calls torch.set_vital, which torch deprecated.
-    ("'set_vital' is deprecated", UserWarning),
-    # Lightning's own use of torch.utils._pytree (lightning/pytorch/utilities/_pytree.py).
-    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", Warning),
-)
-
-
 def silence_third_party_noise() -> None:
-    """Ignores the warnings of :data:`THIRD_PARTY_NOISE` in this process (ranks and workers run it too)."""
-    for message, category in THIRD_PARTY_NOISE:
-        warnings.filterwarnings("ignore", message=message, category=category)
+    """Ignores, by exact message, third-party notices a user cannot act on (as pyproject.toml's pytest
+    filterwarnings does); every other warning is shown. Ranks and workers run it too."""
+    # torchdata's StatefulDataLoader calls torch.set_vital, which torch deprecated.
+    warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+    # Lightning's own use of torch.utils._pytree (lightning/pytorch/utilities/_pytree.py).
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 def main(args: list[str] | None = None) -> None:

@@ -1,21 +1,21 @@
-"""The commands over a fit config that build only the DataModule: ``preview``, ``prepare`` and ``vocab``.
+"""The commands over a fit config that build only the DataModule.
 
 - ``preview``: training examples exactly as the collator masks them (the same DataModule as ``fit``).
-- ``prepare``: the corpus segmented, tokenized and packed once on a CPU node; ``fit --data.prepared_dir
-  DIR`` on the GPU nodes then reads only DIR (memory-mapped shards), and no rank waits on jieba.
-- ``vocab``: the domain vocabulary report (see :mod:`mlm_adapt.text.terms`). Which characters does the
-  model's vocabulary lack (their tokens become ``[UNK]``; ``--output_tokens`` writes the most frequent for
-  ``model.new_tokens_file``)? Which domain terms does ``data.segmenter`` split, so that whole-word masking
-  never masks them whole (multi-character words jieba's HMM joins from unknown characters;
-  ``--output_dict`` writes them as a jieba user dictionary for ``data.user_dict``)?
+- ``prepare``: the corpus segmented, tokenized and packed once, on a CPU node; ``fit --data.prepared_dir
+  DIR`` then reads only DIR (memory-mapped shards), and no rank waits on jieba.
+- ``vocab``: the characters the model's vocabulary lacks (``[UNK]``; ``--output_tokens`` for
+  ``model.new_tokens_file``) and the domain terms ``data.segmenter`` splits, so that whole-word masking never
+  masks them whole (``--output_dict``, a jieba user dictionary for ``data.user_dict``); see
+  :mod:`mlm_adapt.text.terms`.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.cli import LightningArgumentParser
@@ -35,10 +35,8 @@ from mlm_adapt.text.vocabulary import join_pieces, piece_text
 
 
 def batch_examples(batch: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase) -> Iterator[dict]:
-    """Splits a collated batch into JSON-ready examples (``word_ids`` null on special and pad tokens).
-
-    ``tokens`` are readable pieces (:func:`~mlm_adapt.text.vocabulary.piece_text`: ``是``, not ``æĺ¯``).
-    """
+    """Splits a collated batch into JSON-ready examples: ``tokens`` readable (``是``, not ``æĺ¯``),
+    ``word_ids`` null on special and pad tokens."""
     for row in range(batch["input_ids"].shape[0]):
         input_ids = batch["input_ids"][row].tolist()
         word_ids = batch["word_ids"][row].tolist()
@@ -83,7 +81,18 @@ def render_text(example: dict, tokenizer: PreTrainedTokenizerBase) -> str:
 
 
 class DataOnlyCLI(MLMAdaptCLI):
-    """Parses a fit config (with ``--data.*``/``--model.*`` overrides) and builds only the DataModule."""
+    """Parses a fit config (with ``--data.*``/``--model.*`` overrides) plus a command's own ``options``
+    (``(flag, type, default, help)``) and builds only the DataModule."""
+
+    def __init__(self, args: list[str], options: list[tuple[str, Any, Any, str]]) -> None:
+        self.options = options
+        super().__init__(args=args, run=False, save_config_callback=None)
+
+    @override
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        for flag, type_, default, help_ in self.options:
+            parser.add_argument(flag, type=type_, default=default, help=help_)
 
     @override
     def instantiate_classes(self) -> None:
@@ -91,59 +100,35 @@ class DataOnlyCLI(MLMAdaptCLI):
         self.datamodule = MLMDataModule(**self.config["data"].as_dict())
 
 
-class PreviewCLI(DataOnlyCLI):
-    """The fit config plus ``--num_examples`` and ``--format``."""
-
-    @override
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        super().add_arguments_to_parser(parser)
-        parser.add_argument("--num_examples", type=int, default=4, help="How many training examples to show.")
-        parser.add_argument(
-            "--format",
-            type=Literal["text", "json"],
-            default="text",
-            help="text: annotated; json: one per line.",
-        )
-
-
 def preview_main(args: list[str]) -> None:
     """Prints the first ``--num_examples`` training examples exactly as the collator masks them."""
-    cli = PreviewCLI(args=args, run=False, save_config_callback=None)
+    cli = DataOnlyCLI(
+        args,
+        [
+            ("--num_examples", int, 4, "How many training examples to show."),
+            ("--format", Literal["text", "json"], "text", "text: annotated; json: one per line."),
+        ],
+    )
     datamodule, config = cli.datamodule, cli.config
     if config.num_examples < 1:
         raise MLMAdaptError(f"--num_examples={config.num_examples} must be at least 1")
     datamodule.setup("fit")
     tokenizer = datamodule.tokenizer
-    shown = 0
-    for batch in datamodule.train_dataloader():
-        for example in batch_examples(batch, tokenizer):
-            if shown == config.num_examples:
-                return
-            if config.format == "json":
-                print(json.dumps(example, ensure_ascii=False))
-            else:
-                print(render_text(example, tokenizer) + "\n")
-            shown += 1
-
-
-class PrepareCLI(DataOnlyCLI):
-    """The fit config plus ``--shard``."""
-
-    @override
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        super().add_arguments_to_parser(parser)
-        parser.add_argument(
-            "--shard",
-            type=str | None,
-            default=None,
-            help="TASK/TASKS: prepare only this task's share of the documents, as DIR/part-TASK-of-TASKS; "
-            "fit reads DIR once all parts exist (scripts/slurm/prepare.sbatch: one task per array index).",
-        )
+    examples = (e for batch in datamodule.train_dataloader() for e in batch_examples(batch, tokenizer))
+    for example in itertools.islice(examples, config.num_examples):
+        if config.format == "json":
+            print(json.dumps(example, ensure_ascii=False))
+        else:
+            print(render_text(example, tokenizer) + "\n")
 
 
 def prepare_main(args: list[str]) -> None:
     """Writes ``--data.prepared_dir`` from a fit config (progress bars, or phase lines when they are off)."""
-    cli = PrepareCLI(args=args, run=False, save_config_callback=None)
+    shard_help = (
+        "TASK/TASKS: prepare only this task's share of the documents, as DIR/part-TASK-of-TASKS; fit reads "
+        "DIR once all parts exist (scripts/slurm/prepare.sbatch: one task per array index)."
+    )
+    cli = DataOnlyCLI(args, [("--shard", str | None, None, shard_help)])
     datamodule, config = cli.datamodule, cli.config
     shard = parse_shard(config.shard) if config.shard is not None else None
     directory = config.data.prepared_dir
@@ -171,34 +156,20 @@ def prepare_main(args: list[str]) -> None:
     )
 
 
-class VocabCLI(DataOnlyCLI):
-    """Parses a fit config (with ``--data.*``/``--model.*`` overrides) plus the report's own options."""
-
-    @override
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        super().add_arguments_to_parser(parser)
-        parser.add_argument(
-            "--output_dict",
-            type=str | None,
-            default=None,
-            help="Write the proposed terms as a jieba user dictionary (for data.user_dict).",
-        )
-        parser.add_argument(
-            "--output_tokens",
-            type=str | None,
-            default=None,
-            help="Write the top OOV characters, one per line (for model.new_tokens_file).",
-        )
-        parser.add_argument("--min_count", type=int, default=5, help="Least count of a proposed term.")
-        parser.add_argument(
-            "--min_cohesion", type=float, default=3.0, help="Least PMI (nats) between a term's parts."
-        )
-        parser.add_argument("--top_k", type=int, default=30, help="How many characters/terms to list.")
-
-
 def vocab_main(args: list[str]) -> None:
     """Reports the corpus' ``[UNK]`` rate, OOV characters and candidate terms; writes them on demand."""
-    cli = VocabCLI(args=args, run=False, save_config_callback=None)
+    dict_help = "Write the proposed terms as a jieba user dictionary (for data.user_dict)."
+    tokens_help = "Write the top OOV characters, one per line (for model.new_tokens_file)."
+    cli = DataOnlyCLI(
+        args,
+        [
+            ("--output_dict", str | None, None, dict_help),
+            ("--output_tokens", str | None, None, tokens_help),
+            ("--min_count", int, 5, "Least count of a proposed term."),
+            ("--min_cohesion", float, 3.0, "Least PMI (nats) between a term's parts."),
+            ("--top_k", int, 30, "How many characters/terms to list."),
+        ],
+    )
     config, datamodule = cli.config, cli.datamodule
     hp = datamodule.hparams
     # Checked before the corpus is read: an output must never replace the corpus or the model it reports on.

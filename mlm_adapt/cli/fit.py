@@ -37,7 +37,6 @@ from mlm_adapt.training.resume_lookup import (
 )
 from mlm_adapt.training.user_callbacks import guard_user_callbacks
 
-EVALUATION_COMMANDS = ("validate", "test")
 _GIVEN = re.compile(r"Given value: (.*)")
 _CLASS_PATH = re.compile(r"Problem with given class_path '([^']*)':\s*\n\s*(.+)")
 # jsonargparse names the class only when the value is a mapping; a class path string is the given value.
@@ -86,22 +85,15 @@ class MLMAdaptCLI(LightningCLI):
         self.started = time.monotonic()
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("parser_class", MLMAdaptArgumentParser)
-        kwargs.setdefault(
-            "parser_kwargs",
-            {
-                "prog": "python -m mlm_adapt",
-                "description": "Domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family "
-                "models.",
-            },
-        )
         kwargs.setdefault("seed_everything_default", 42)
         # The optimizer comes from model.optimizer, so the no-decay groups and schedule always apply.
         kwargs.setdefault("auto_configure_optimizers", False)
-        # Persistent callbacks (appended to any configured ones): exact resume, global batch summary and the
-        # before/after validation.
+        # Appended to any configured callbacks: exact resume, batch summary, before/after validation.
         kwargs.setdefault("trainer_defaults", {"callbacks": default_callbacks()})
+        about = "Domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family models."
+        parser_kwargs = kwargs.get("parser_kwargs", {"prog": "python -m mlm_adapt", "description": about})
         # Parser errors are raised (ArgumentError), for the CLI's one-line error boundary to report.
-        kwargs["parser_kwargs"] = {"exit_on_error": False, **kwargs["parser_kwargs"]}
+        kwargs["parser_kwargs"] = {"exit_on_error": False, **parser_kwargs}
         super().__init__(MaskedLMModule, MLMDataModule, *args, **kwargs)
 
     @staticmethod
@@ -137,7 +129,7 @@ class MLMAdaptCLI(LightningCLI):
         root_loggers(trainer)
         if self.subcommand == "fit":
             resolve_resume(self.config.fit)
-        elif self.subcommand in EVALUATION_COMMANDS:
+        elif self.subcommand in ("validate", "test"):
             resolve_resume(self.config[self.subcommand], follow_version=False)
 
     def _check_checkpoint(self, settings: tuple[tuple[str, str], ...]) -> dict[str, Any] | None:
@@ -164,9 +156,8 @@ class MLMAdaptCLI(LightningCLI):
         return saved
 
     def _check_device_memory(self, training: bool) -> None:
-        """Refuses, before the data is prepared, a model the trainer's device cannot hold (the model itself
-        was checked against RAM before it was allocated). Sharding strategies hold a share per device, so
-        only single-device and DDP runs are checked."""
+        """Refuses, before the data is prepared, a model the device cannot hold (single-device and DDP runs:
+        sharding strategies hold a share per device)."""
         strategy = self.trainer.strategy
         whole = isinstance(strategy, (SingleDeviceStrategy, DDPStrategy))
         if not whole or isinstance(strategy, DeepSpeedStrategy):
@@ -202,8 +193,11 @@ class MLMAdaptCLI(LightningCLI):
     before_test = before_validate
 
     def after_fit(self) -> None:
-        """Prints the wall time of the whole command: what a user budgets for the next run."""
-        print_wall_time("fit", time.monotonic() - self.started)
+        """Prints the wall time of the whole command (rank 0): what a user budgets for the next run."""
+        minutes, rest = divmod(round(time.monotonic() - self.started), 60)
+        shown = f"{minutes} min {rest} s" if minutes else f"{rest} s"
+        if rank_zero_only.rank == 0:
+            print(f"mlm_adapt fit: {shown} wall, from start to export", flush=True)
 
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
@@ -219,14 +213,6 @@ class MLMAdaptCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         guard_user_callbacks(trainer.callbacks)  # their exit() or KeyboardInterrupt is their failure
         return trainer
-
-
-@rank_zero_only
-def print_wall_time(command: str, seconds: float) -> None:
-    """``mlm_adapt fit: 2 min 41 s wall`` (rank 0 only)."""
-    minutes, rest = divmod(round(seconds), 60)
-    shown = f"{minutes} min {rest} s" if minutes else f"{rest} s"
-    print(f"mlm_adapt {command}: {shown} wall, from start to export", flush=True)
 
 
 def without_disabled(callbacks: Any, progress_bar: bool, logger: bool) -> Any:
