@@ -54,7 +54,9 @@ def load_for_inference(model: str) -> tuple[PreTrainedModel, PreTrainedTokenizer
 
 
 @torch.no_grad()
-def _probs(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, banned: list[int]):
+def _probs(model: PreTrainedModel, input_ids: torch.Tensor, banned: list[int], hidden: int | None):
+    # ``hidden``: a token (the mask) excluded from attention, else every position is attended.
+    attention_mask = torch.ones_like(input_ids) if hidden is None else (input_ids != hidden).long()
     logits = model(input_ids=input_ids[None], attention_mask=attention_mask[None]).logits[0].float()
     probs = logits.softmax(-1)  # over the whole vocabulary, as pipeline("fill-mask") reports them
     probs[:, banned] = 0.0  # special tokens are never shown nor chosen as a filling
@@ -87,21 +89,13 @@ def predict(
             f"TEXT has no {tokenizer.mask_token}; write e.g. 北京{tokenizer.mask_token * 2}你！"
         )
     banned = sorted(set(tokenizer.all_special_ids))
-
-    def attention(ids: torch.Tensor) -> torch.Tensor:
-        mask = torch.ones_like(ids)
-        if mask_attention == "zero":
-            mask[ids == tokenizer.mask_token_id] = 0
-        return mask
-
-    probs = _probs(model, input_ids, attention(input_ids), banned)
+    hidden = tokenizer.mask_token_id if mask_attention == "zero" else None
+    probs = _probs(model, input_ids, banned, hidden)
     predictions = []
     for pos in positions:
         values, indices = probs[pos].topk(min(top_k, probs.shape[-1]))
         tokens = [piece_text(tokenizer, i) for i in indices.tolist()]
-        predictions.append(
-            MaskPrediction(pos, [(t, v) for t, v in zip(tokens, values.tolist(), strict=True)])
-        )
+        predictions.append(MaskPrediction(pos, list(zip(tokens, values.tolist(), strict=True))))
     fillings = []
     runs: list[list[int]] = []
     for pos in positions:
@@ -118,7 +112,7 @@ def predict(
             ids[best], probability = token, probability * value.item()
             remaining.remove(best)
             if remaining:
-                step_probs = _probs(model, ids, attention(ids), banned)
+                step_probs = _probs(model, ids, banned, hidden)
         filled_ids = ids.tolist()
         # Decoded, not joined piece by piece: byte-level pieces of one character print as that character.
         word = join_pieces(tokenizer, filled_ids[run[0] : run[-1] + 1])
