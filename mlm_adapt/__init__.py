@@ -1,9 +1,5 @@
-"""mlm_adapt: domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family models.
-
-The packages follow the data flow, each importing only those before it:
-``text`` (corpus -> words -> tokens with word ids -> blocks) -> ``masking`` -> ``data`` (the DataModule) ->
-``model`` (the LightningModule, metrics, checkpoints) -> ``training`` (callbacks) -> ``export`` -> ``cli``.
-"""
+"""mlm_adapt: domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family models (the packages
+and their layers: docs/architecture.md)."""
 
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.errors import MLMAdaptError

@@ -1,13 +1,12 @@
-"""``python -m mlm_adapt COMMAND``: one registry of commands, used for dispatch and for ``--help``.
-
-Also the one error boundary: every user error -- a parser error, an :class:`MLMAdaptError`, a Lightning
-misconfiguration -- is one ``mlm_adapt: error: ...`` line and status 2 (``--debug`` keeps the traceback); a
-stop signal (Ctrl-C, SIGTERM, SIGUSR1) during any command is one line naming the command and what was kept,
-and ``128 + signal`` (see :mod:`mlm_adapt.training.signals`).
+"""``python -m mlm_adapt COMMAND``: the registry of commands (dispatch and ``--help``), ``export``, and the
+one error boundary: a user error (parser, :class:`MLMAdaptError`, Lightning misconfiguration) is one
+``mlm_adapt: error: ...`` line and status 2 (``--debug`` keeps the traceback); a stop signal (Ctrl-C,
+SIGTERM, SIGUSR1) is one line naming the command and what was kept, and ``128 + signal``.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import sys
@@ -15,19 +14,19 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import NamedTuple
 
-import jsonargparse
-import yaml
+import transformers
+from jsonargparse import ArgumentParser
 
-from mlm_adapt.cli.export import export_main
+from mlm_adapt.cli.data_only import prepare_main, preview_main, vocab_main
 from mlm_adapt.cli.fill_mask import fill_mask_main
 from mlm_adapt.cli.fit import MLMAdaptCLI
 from mlm_adapt.cli.plot import plot_main
-from mlm_adapt.cli.prepare import prepare_main
-from mlm_adapt.cli.preview import preview_main
-from mlm_adapt.cli.vocab import vocab_main
+from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import (
     DEBUG_ENV,
     DEBUG_HINT,
@@ -37,9 +36,73 @@ from mlm_adapt.errors import (
     parser_message,
     user_message,
 )
-from mlm_adapt.guard.loads import bounded_loader
-from mlm_adapt.guard.outputs import forget_published, missing_published
+from mlm_adapt.export.callback import export_checkpoint
+from mlm_adapt.export.writer import ExportOptions
+from mlm_adapt.guard.loads import bound_yaml
+from mlm_adapt.guard.outputs import published
+from mlm_adapt.model.metrics import metrics_table
 from mlm_adapt.training.signals import STOP, install_stop_handlers, stop_now
+
+
+@dataclass(kw_only=True, eq=False)
+class ExportCommand(ExportOptions):
+    """Writes a checkpoint of fit as a Hugging Face directory: safetensors weights, the tokenizer,
+    training_config.yaml and a README.md model card with the before/after validation metrics; the directory is
+    reloaded with AutoModelForMaskedLM/AutoTokenizer and its logits compared with the checkpoint's.
+
+    Args:
+        ckpt_path: Checkpoint file (.ckpt: single device, DDP, FSDP full) or FSDP sharded directory.
+        output_dir: Directory to write; must be empty or absent, or an earlier export with --overwrite.
+        base_model: Base model directory or Hub name, if the one recorded in the checkpoint is not available
+            here (its config and tokenizer are used; the weights come from the checkpoint).
+        progress_bar: Show progress bars; false (batch jobs) logs one line per phase with its duration.
+    """
+
+    ckpt_path: str
+    output_dir: str
+    base_model: str | None = None
+    progress_bar: bool = True
+
+
+def bare_flags(args: list[str], options: type) -> list[str]:
+    """Lets boolean options be given as bare flags, as documented (``--overwrite`` -> ``--overwrite=true``):
+    jsonargparse expects a value after a boolean option."""
+    names = {
+        f"--{n}" for n, p in inspect.signature(options).parameters.items() if p.annotation in (bool, "bool")
+    }
+    out = []
+    for i, arg in enumerate(args):
+        value_follows = i + 1 < len(args) and args[i + 1].lower() in ("true", "false")
+        out.append(f"{arg}=true" if arg in names and not value_follows else arg)
+    return out
+
+
+def export_main(args: list[str]) -> None:
+    """Parses the options, exports, and prints the files, the reload check and the before/after table."""
+    parser = ArgumentParser(
+        prog="python -m mlm_adapt export",
+        description=ExportCommand.__doc__.split("\n")[0],
+        exit_on_error=False,
+    )
+    parser.add_class_arguments(ExportCommand)
+    command = ExportCommand(**parser.parse_args(bare_flags(args, ExportCommand)).as_dict())
+    transformers.logging.disable_progress_bar()
+    progress = Progress("export", bars=command.progress_bar)
+    result = export_checkpoint(command.ckpt_path, command.output_dir, command, command.base_model, progress)
+    output_dir = Path(command.output_dir)
+    files = sorted(p.name for p in output_dir.iterdir() if not p.name.startswith("."))
+    print(f"wrote {output_dir}: {', '.join(files)}")
+    if result.logit_difference is not None:
+        print(
+            "reload check: AutoModelForMaskedLM logits match the checkpoint "
+            f"(max |difference| {result.logit_difference:.2e})"
+        )
+    info, step = result.info, result.info.final_metrics_step
+    print(
+        metrics_table(info.baseline_metrics, info.final_metrics) + (f"\n(after: step {step})" if step else "")
+    )
+    if result.hub_url:
+        print(f"pushed to {result.hub_url}")
 
 
 class Command(NamedTuple):
@@ -69,22 +132,11 @@ def description() -> str:
     )
 
 
-def bound_yaml() -> None:
-    """Every YAML jsonargparse loads (``--config`` files, values) is refused past an alias-expansion limit."""
-    current = jsonargparse.get_loader("yaml")
-    if not getattr(current, "bounded", False):
-        # The exceptions jsonargparse expects from its YAML loader (it then treats the value as a string).
-        jsonargparse.set_loader("yaml", bounded_loader(current), exceptions=(yaml.YAMLError,))
-
-
 @contextmanager
 def stop_signals() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGUSR1 end any command with one line and ``128 + signal``.
-
-    During training SIGTERM/SIGUSR1 first write a checkpoint at the next step
-    (:mod:`mlm_adapt.training.signals`); elsewhere they stop at once. SIGINT raises :class:`Interrupted`,
-    so that Lightning's graceful shutdown and every ``finally`` (staging directories, locks) still run.
-    """
+    """SIGINT, SIGTERM and SIGUSR1 end any command with one line and ``128 + signal``: during training
+    SIGTERM/SIGUSR1 first checkpoint (:mod:`mlm_adapt.training.signals`); SIGINT raises :class:`Interrupted`,
+    so that Lightning's graceful shutdown and every ``finally`` (staging directories, locks) still run."""
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     install_stop_handlers()
     if threading.current_thread() is threading.main_thread():
@@ -103,12 +155,9 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
 
 
 def _child_signals() -> None:
-    """A forked worker does not inherit the command's stop handlers: the command stops it.
-
-    Ctrl-C reaches the whole process group: the workers ignore it, the command unwinds and ends its pool.
-    A pool ends its workers with SIGTERM, which must kill them at once (a handler raising inside a worker
-    that holds its pool's queue lock hangs the pool's shutdown, and with it the command).
-    """
+    """A forked worker drops the command's stop handlers: Ctrl-C reaches the whole process group, the workers
+    ignore it and the command ends its pool, with SIGTERM, which must kill them at once (a handler raising
+    in a worker holding its pool's queue lock would hang the pool's shutdown, and the command)."""
     if signal.getsignal(signal.SIGINT) is _interrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     for signum in (signal.SIGTERM, signal.SIGUSR1):
@@ -126,10 +175,9 @@ def _stopped(command: str) -> None:
 
 
 def _run(entry: Callable[[list[str]], object], args: list[str], usage: str) -> None:
-    # Every command starts with no signal recorded, whatever an earlier command in this process received
-    # (several commands run in one process from Python, or in a test session).
+    # No signal recorded, whatever an earlier command in this process (from Python, in tests) received.
     STOP.reset()
-    forget_published()
+    published.clear()
     command = usage or "mlm_adapt"
     with stop_signals():
         try:
@@ -137,17 +185,13 @@ def _run(entry: Callable[[list[str]], object], args: list[str], usage: str) -> N
                 entry(args)  # every exception with its traceback
             else:
                 _report_user_errors(entry, args, usage)
-        except SystemExit:
-            if STOP.signum is None:
-                raise  # --help, or an exit already reported
-            _stopped(command)
         except KeyboardInterrupt:  # Ctrl-C (a KeyboardInterrupt from user code is its error, reported there)
             STOP.signum = STOP.signum or signal.SIGINT
             _stopped(command)
-        except Exception:
+        except (SystemExit, Exception):
             if STOP.signum is None:
-                raise
-            # A library's cleanup failed while the stop unwound it (datasets' pool, waiting on its workers).
+                raise  # --help, an exit already reported, or a bug
+            # Stopped: whatever else happened on the way out (datasets' pool failing to wait on its workers).
             _stopped(command)
         if STOP.signum is not None:  # a signal during the export after training, say
             _stopped(command)
@@ -156,7 +200,7 @@ def _run(entry: Callable[[list[str]], object], args: list[str], usage: str) -> N
 
 def _check_published(command: str) -> None:
     """Exit 0 only when what the command published is there: its manifest or export marker."""
-    missing = missing_published()
+    missing = [(output, proof) for output, proof in published if not proof.is_file()]
     if missing:
         output, proof = missing[0]
         print(
@@ -195,20 +239,13 @@ def _fit_cli(args: list[str]) -> None:
     )
 
 
-# Third-party notices a user cannot act on, each silenced by its exact message (pyproject.toml's pytest
-# filterwarnings lists the same ones); every other warning is shown.
-THIRD_PARTY_NOISE = (
-    # torchdata's StatefulDataLoader calls torch.set_vital, which torch deprecated.
-    ("'set_vital' is deprecated", UserWarning),
-    # Lightning's own use of torch.utils._pytree (lightning/pytorch/utilities/_pytree.py).
-    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", Warning),
-)
-
-
 def silence_third_party_noise() -> None:
-    """Ignores the warnings of :data:`THIRD_PARTY_NOISE` in this process (ranks and workers run it too)."""
-    for message, category in THIRD_PARTY_NOISE:
-        warnings.filterwarnings("ignore", message=message, category=category)
+    """Ignores, by exact message, third-party notices a user cannot act on (as pyproject.toml's pytest
+    filterwarnings does); every other warning is shown. Ranks and workers run it too."""
+    # torchdata's StatefulDataLoader calls torch.set_vital, which torch deprecated.
+    warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+    # Lightning's own use of torch.utils._pytree (lightning/pytorch/utilities/_pytree.py).
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 def main(args: list[str] | None = None) -> None:

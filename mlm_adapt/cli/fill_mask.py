@@ -1,12 +1,9 @@
-"""``python -m mlm_adapt fill-mask``: top-k predictions per ``[MASK]`` and whole-word fillings of mask runs.
-
-With ``--mask_attention zero`` the text is also run with the ``[MASK]`` positions excluded from attention
-(``attention_mask`` 0 there) and both results are printed side by side.
-"""
+"""``python -m mlm_adapt fill-mask``: top-k tokens per ``[MASK]`` and whole-word fillings of mask runs."""
 
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -56,18 +53,10 @@ def load_for_inference(model: str) -> tuple[PreTrainedModel, PreTrainedTokenizer
     return pretrained_masked_lm(model, "--model").eval(), tokenizer
 
 
-def _mask_runs(positions: list[int]) -> list[list[int]]:
-    runs: list[list[int]] = []
-    for pos in positions:
-        if runs and runs[-1][-1] == pos - 1:
-            runs[-1].append(pos)
-        else:
-            runs.append([pos])
-    return runs
-
-
 @torch.no_grad()
-def _probs(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, banned: list[int]):
+def _probs(model: PreTrainedModel, input_ids: torch.Tensor, banned: list[int], hidden: int | None):
+    # ``hidden``: a token (the mask) excluded from attention, else every position is attended.
+    attention_mask = torch.ones_like(input_ids) if hidden is None else (input_ids != hidden).long()
     logits = model(input_ids=input_ids[None], attention_mask=attention_mask[None]).logits[0].float()
     probs = logits.softmax(-1)  # over the whole vocabulary, as pipeline("fill-mask") reports them
     probs[:, banned] = 0.0  # special tokens are never shown nor chosen as a filling
@@ -81,22 +70,13 @@ def predict(
     top_k: int = 5,
     mask_attention: Literal["none", "zero"] = "none",
 ) -> tuple[list[MaskPrediction], list[WordFilling]]:
-    """Top-k tokens per mask, and for each run of consecutive masks its best filling.
+    """Top-k tokens per mask of ``text``, and for each run of consecutive masks its best filling (special
+    tokens excluded); with ``mask_attention="zero"``, unfilled masks get ``attention_mask`` 0.
 
-    A run is filled greedily (the approach of mask-predict decoding): the most confident of its masks is
-    fixed first, the model is rerun with it filled in, and so on; the filling's probability is the product of
-    the probabilities at the times of choosing. Special tokens (``[UNK]``, ``[SEP]``, ...) are excluded.
-
-    Args:
-        model: A masked LM (eval mode).
-        tokenizer: Its tokenizer.
-        text: Text containing the tokenizer's mask token, e.g. ``北京[MASK][MASK]你！``.
-        top_k: Candidates per mask.
-        mask_attention: ``zero``: ``attention_mask`` 0 on ``[MASK]`` positions (unfilled masks are invisible).
+    A run is filled greedily (as mask-predict decoding does): its most confident mask is fixed first, the
+    model rerun with it filled in, and so on; the filling's probability is the product of those chosen.
     """
-    device = next(model.parameters()).device
-    encoded = tokenizer(text, return_tensors="pt")
-    input_ids = encoded["input_ids"][0].to(device)
+    input_ids = tokenizer(text, return_tensors="pt")["input_ids"][0].to(next(model.parameters()).device)
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None and len(input_ids) > limit:
         raise MLMAdaptError(
@@ -109,23 +89,21 @@ def predict(
             f"TEXT has no {tokenizer.mask_token}; write e.g. 北京{tokenizer.mask_token * 2}你！"
         )
     banned = sorted(set(tokenizer.all_special_ids))
-
-    def attention(ids: torch.Tensor) -> torch.Tensor:
-        mask = torch.ones_like(ids)
-        if mask_attention == "zero":
-            mask[ids == tokenizer.mask_token_id] = 0
-        return mask
-
-    probs = _probs(model, input_ids, attention(input_ids), banned)
+    hidden = tokenizer.mask_token_id if mask_attention == "zero" else None
+    probs = _probs(model, input_ids, banned, hidden)
     predictions = []
     for pos in positions:
         values, indices = probs[pos].topk(min(top_k, probs.shape[-1]))
         tokens = [piece_text(tokenizer, i) for i in indices.tolist()]
-        predictions.append(
-            MaskPrediction(pos, [(t, v) for t, v in zip(tokens, values.tolist(), strict=True)])
-        )
+        predictions.append(MaskPrediction(pos, list(zip(tokens, values.tolist(), strict=True))))
     fillings = []
-    for run in _mask_runs(positions):
+    runs: list[list[int]] = []
+    for pos in positions:
+        if runs and runs[-1][-1] == pos - 1:
+            runs[-1].append(pos)
+        else:
+            runs.append([pos])
+    for run in runs:
         ids, remaining, probability = input_ids.clone(), list(run), 1.0
         step_probs = probs
         while remaining:
@@ -134,7 +112,7 @@ def predict(
             ids[best], probability = token, probability * value.item()
             remaining.remove(best)
             if remaining:
-                step_probs = _probs(model, ids, attention(ids), banned)
+                step_probs = _probs(model, ids, banned, hidden)
         filled_ids = ids.tolist()
         # Decoded, not joined piece by piece: byte-level pieces of one character print as that character.
         word = join_pieces(tokenizer, filled_ids[run[0] : run[-1] + 1])
@@ -151,47 +129,35 @@ def _p(probability: float) -> str:
     return f"{probability:.4f}" if probability >= 1e-3 else f"{probability:.2e}"
 
 
-def _width(text: str) -> int:
-    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
-
-
 def _pad(text: str, width: int) -> str:
-    return text + " " * max(width - _width(text), 0)
+    """``text`` padded to ``width`` columns (wide CJK characters take two)."""
+    return text + " " * max(
+        width - sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text), 0
+    )
 
 
 def render(
     text: str, results: dict[str, tuple[list[MaskPrediction], list[WordFilling]]], column: int = 26
 ) -> str:
-    """Plain-text report: one block per mask (rank, token, probability), then the whole-word fillings.
-
-    With several modes (``none`` and ``zero``) their columns are printed side by side.
-    """
+    """Plain-text report: one block per mask (rank, token, probability), then the whole-word fillings; the
+    modes (``none``, ``zero``) side by side."""
     modes = list(results)
-    lines = [f"text: {text}", ""]
-    header = _pad("", 14) + "".join(_pad(MODES[m], column) for m in modes)
-    lines.append(header.rstrip())
-    n_masks = len(results[modes[0]][0])
-    for i in range(n_masks):
-        pos = results[modes[0]][0][i].position
-        for rank in range(len(results[modes[0]][0][i].candidates)):
-            label = f"mask {i + 1} (#{pos})" if rank == 0 else ""
-            cells = []
-            for mode in modes:
-                token, prob = results[mode][0][i].candidates[rank]
-                cells.append(_pad(f"{rank + 1}. {token} {_p(prob)}", column))
-            lines.append((_pad(label, 14) + "".join(cells)).rstrip())
+
+    def row(label: str, cells: Iterable[str]) -> str:
+        return (_pad(label, 14) + "".join(_pad(cell, column) for cell in cells)).rstrip()
+
+    lines = [f"text: {text}", "", row("", (MODES[m] for m in modes))]
+    for i, prediction in enumerate(results[modes[0]][0]):
+        for rank in range(len(prediction.candidates)):
+            label = f"mask {i + 1} (#{prediction.position})" if rank == 0 else ""
+            cells = (results[m][0][i].candidates[rank] for m in modes)
+            lines.append(row(label, (f"{rank + 1}. {token} {_p(prob)}" for token, prob in cells)))
     lines += ["", "best whole-word filling per run of masks (greedy, most confident mask first):"]
-    for j, first in enumerate(results[modes[0]][1]):
-        span = (
-            f"masks {first.first + 1}-{first.last + 1}"
-            if first.last > first.first
-            else f"mask {first.first + 1}"
-        )
-        cells = [_pad(f"{results[m][1][j].word} p={_p(results[m][1][j].probability)}", column) for m in modes]
-        lines.append((_pad(span, 14) + "".join(cells)).rstrip())
-    for mode in modes:
-        filled = " / ".join(f.text for f in results[mode][1])
-        lines.append(f"{MODES[mode]}: {filled}")
+    for j, run in enumerate(results[modes[0]][1]):
+        span = f"masks {run.first + 1}-{run.last + 1}" if run.last > run.first else f"mask {run.first + 1}"
+        fillings = (results[m][1][j] for m in modes)
+        lines.append(row(span, (f"{f.word} p={_p(f.probability)}" for f in fillings)))
+    lines += [f"{MODES[mode]}: {' / '.join(f.text for f in results[mode][1])}" for mode in modes]
     return "\n".join(lines)
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 from lightning.pytorch import Trainer
@@ -13,7 +14,6 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleD
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from typing_extensions import override
 
-from mlm_adapt.cli.option_errors import MLMAdaptArgumentParser
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
@@ -21,6 +21,7 @@ from mlm_adapt.export import HFExport
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.model.checkpoints import callback_state, checkpoint_metadata
 from mlm_adapt.model.loading import check_trainer_fits
+from mlm_adapt.text.segmentation import BUILTIN_NAMES, OPENCC_CONFIGS
 from mlm_adapt.training import default_callbacks, guard_user_callbacks
 from mlm_adapt.training.resume import (
     FIXED_SETTINGS,
@@ -34,7 +35,45 @@ from mlm_adapt.training.resume import (
     root_loggers,
 )
 
-EVALUATION_COMMANDS = ("validate", "test")
+_GIVEN = re.compile(r"Given value: (.*)")
+_CLASS_PATH = re.compile(r"Problem with given class_path '([^']*)':\s*\n\s*(.+)")
+# jsonargparse names the class only when the value is a mapping; a class path string is the given value.
+_NOT_A_SEGMENTER = re.compile(r"Import path (?:(\S+) )?does not implement protocol")
+
+
+def option_error_line(message: str) -> str | None:
+    """One line for jsonargparse's union report on ``data.segmenter``/``data.opencc`` (else ``None``): which
+    value, why, and what is accepted, instead of the usage and a dozen lines about every union member."""
+    given = _GIVEN.search(message)
+    value = given.group(1).strip() if given else "?"
+    if 'Parser key "data.segmenter"' in message:
+        names = ", ".join(BUILTIN_NAMES)
+        accepted = f"use a built-in name ({names}) or the class_path of a class with segment(texts)"
+        not_a_segmenter = _NOT_A_SEGMENTER.search(message)
+        if not_a_segmenter:
+            path = not_a_segmenter.group(1) or value
+            return f"data.segmenter: {path} has no segment(texts) method; {accepted}"
+        problem = _CLASS_PATH.search(message)
+        if problem:
+            path, reason = problem.group(1), problem.group(2).strip()
+            return f"data.segmenter: cannot use class_path {path!r} ({reason}); {accepted}"
+        return f"data.segmenter: unknown segmenter {value!r}; {accepted}"
+    if 'Parser key "data.opencc"' in message:
+        configs = ", ".join(OPENCC_CONFIGS)
+        return f"data.opencc: unknown OpenCC configuration {value!r}; use one of {configs} or null"
+    return None
+
+
+class MLMAdaptArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, with one-line errors for the union-typed options (:func:`option_error_line`)."""
+
+    @override
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        line = option_error_line(message)
+        if line is None:
+            super().error(message, ex)
+        # Raised whatever the parser's exit_on_error, for the CLI's one error boundary.
+        raise MLMAdaptError(line)
 
 
 class MLMAdaptCLI(LightningCLI):
@@ -44,22 +83,15 @@ class MLMAdaptCLI(LightningCLI):
         self.started = time.monotonic()
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("parser_class", MLMAdaptArgumentParser)
-        kwargs.setdefault(
-            "parser_kwargs",
-            {
-                "prog": "python -m mlm_adapt",
-                "description": "Domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family "
-                "models.",
-            },
-        )
         kwargs.setdefault("seed_everything_default", 42)
         # The optimizer comes from model.optimizer, so the no-decay groups and schedule always apply.
         kwargs.setdefault("auto_configure_optimizers", False)
-        # Persistent callbacks (appended to any configured ones): exact resume, global batch summary and the
-        # before/after validation.
+        # Appended to any configured callbacks: exact resume, batch summary, before/after validation.
         kwargs.setdefault("trainer_defaults", {"callbacks": default_callbacks()})
+        about = "Domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family models."
+        parser_kwargs = kwargs.get("parser_kwargs", {"prog": "python -m mlm_adapt", "description": about})
         # Parser errors are raised (ArgumentError), for the CLI's one-line error boundary to report.
-        kwargs["parser_kwargs"] = {"exit_on_error": False, **kwargs["parser_kwargs"]}
+        kwargs["parser_kwargs"] = {"exit_on_error": False, **parser_kwargs}
         super().__init__(MaskedLMModule, MLMDataModule, *args, **kwargs)
 
     @staticmethod
@@ -95,7 +127,7 @@ class MLMAdaptCLI(LightningCLI):
         root_loggers(trainer)
         if self.subcommand == "fit":
             resolve_resume(self.config.fit)
-        elif self.subcommand in EVALUATION_COMMANDS:
+        elif self.subcommand in ("validate", "test"):
             resolve_resume(self.config[self.subcommand], follow_version=False)
 
     def _check_checkpoint(self, settings: tuple[tuple[str, str], ...]) -> dict[str, Any] | None:
@@ -122,9 +154,8 @@ class MLMAdaptCLI(LightningCLI):
         return saved
 
     def _check_device_memory(self, training: bool) -> None:
-        """Refuses, before the data is prepared, a model the trainer's device cannot hold (the model itself
-        was checked against RAM before it was allocated). Sharding strategies hold a share per device, so
-        only single-device and DDP runs are checked."""
+        """Refuses, before the data is prepared, a model the device cannot hold (single-device and DDP runs:
+        sharding strategies hold a share per device)."""
         strategy = self.trainer.strategy
         whole = isinstance(strategy, (SingleDeviceStrategy, DDPStrategy))
         if not whole or isinstance(strategy, DeepSpeedStrategy):
@@ -157,14 +188,14 @@ class MLMAdaptCLI(LightningCLI):
         self._check_device_memory(training=False)
         self._check_checkpoint(WEIGHT_SETTINGS)
 
-    def before_test(self) -> None:
-        """As :meth:`before_validate`."""
-        self._check_device_memory(training=False)
-        self._check_checkpoint(WEIGHT_SETTINGS)
+    before_test = before_validate
 
     def after_fit(self) -> None:
-        """Prints the wall time of the whole command: what a user budgets for the next run."""
-        print_wall_time("fit", time.monotonic() - self.started)
+        """Prints the wall time of the whole command (rank 0): what a user budgets for the next run."""
+        minutes, rest = divmod(round(time.monotonic() - self.started), 60)
+        shown = f"{minutes} min {rest} s" if minutes else f"{rest} s"
+        if rank_zero_only.rank == 0:
+            print(f"mlm_adapt fit: {shown} wall, from start to export", flush=True)
 
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
@@ -180,14 +211,6 @@ class MLMAdaptCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         guard_user_callbacks(trainer.callbacks)  # their exit() or KeyboardInterrupt is their failure
         return trainer
-
-
-@rank_zero_only
-def print_wall_time(command: str, seconds: float) -> None:
-    """``mlm_adapt fit: 2 min 41 s wall`` (rank 0 only)."""
-    minutes, rest = divmod(round(seconds), 60)
-    shown = f"{minutes} min {rest} s" if minutes else f"{rest} s"
-    print(f"mlm_adapt {command}: {shown} wall, from start to export", flush=True)
 
 
 def without_disabled(callbacks: Any, progress_bar: bool, logger: bool) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -48,16 +49,10 @@ def image_format(output: str | Path, key: str = "--output") -> str:
 
 
 def plot_metrics(metrics_csv: str | Path, output: str | Path | Output, title: str | None = None) -> Path:
-    """Draws the curves of ``metrics_csv`` (one row per logging step) into the image file ``output``.
-
-    Args:
-        metrics_csv: A Lightning CSVLogger log.
-        output: The image (format by suffix), or an :class:`~mlm_adapt.guard.outputs.Output` for it.
-        title: Figure title.
-    """
+    """Draws the curves of ``metrics_csv`` (a CSVLogger log) into the image ``output`` (format by suffix; an
+    :class:`~mlm_adapt.guard.outputs.Output` or a path), titled ``title``."""
     output = output if isinstance(output, Output) else Output(output, key="--output", directory=False)
-    inputs = {**output.inputs, "run_dir": [metrics_csv]}
-    output = Output(output.path, output.key, directory=False, inputs=inputs, follow_link=output.follow_link)
+    output = dataclasses.replace(output, directory=False, inputs={**output.inputs, "run_dir": [metrics_csv]})
     real = check_output(output)  # before any work: never onto the log it reads
     image = image_format(output.path, output.key)
     # Heavy and only needed here; the backend must be chosen before pyplot is imported.
@@ -69,8 +64,9 @@ def plot_metrics(metrics_csv: str | Path, output: str | Path | Output, title: st
     try:
         frame = pd.read_csv(metrics_csv)
     except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
-        empty = isinstance(exc, pd.errors.EmptyDataError)
-        reason = "it is empty" if empty else "it is not a readable CSV file"
+        reason = (
+            "it is empty" if isinstance(exc, pd.errors.EmptyDataError) else "it is not a readable CSV file"
+        )
         raise MLMAdaptError(
             f"plot: {metrics_csv}: {reason}; give the metrics.csv of a run that logged (CSVLogger)"
         ) from None
@@ -83,13 +79,8 @@ def plot_metrics(metrics_csv: str | Path, output: str | Path | Output, title: st
         for column, label in columns:
             if column in frame.columns:
                 series = frame[["step", column]].dropna()
-                ax.plot(
-                    series["step"],
-                    series[column],
-                    marker="o" if len(series) < 30 else None,
-                    ms=3,
-                    label=label,
-                )
+                marker = "o" if len(series) < 30 else None
+                ax.plot(series["step"], series[column], marker=marker, ms=3, label=label)
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

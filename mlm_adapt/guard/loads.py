@@ -1,20 +1,16 @@
 """Every file mlm_adapt loads, without running code from it.
 
-- Torch files (checkpoints, ``pytorch_model.bin``, ``meta.pt``): ``torch.load(weights_only=True)`` plus
-  :data:`ALLOWED_GLOBALS`. A file is classified first (missing, a directory, empty, truncated, not a
-  ``torch.save`` archive), so each failure is one line naming the file and the reason, never torch's
-  advice to load with ``weights_only=False``.
-- FSDP sharded checkpoints: ``.metadata`` (which torch reads with a plain ``pickle.load``) goes through a
-  restricted unpickler, and the non-tensor entries (which torch unpickles with ``weights_only=False``) are
-  read weights-only.
-- safetensors: the library's ``safe_open`` checks the header against the file (a 2**62-byte header, a
-  truncated file) before anything is allocated.
-- Hugging Face directories and Hub names: every ``from_pretrained`` passes ``trust_remote_code=False``
-  (transformers would otherwise ask on stdin, and accept a piped ``y``). A local directory is checked
-  first: ``config.json``, tokenizer files, no ``auto_map`` code, weight files readable as above.
-- YAML (``--config`` files and values): PyYAML builds an alias as a shared reference, but every later copy
-  or walk of the value (jsonargparse's validation, ``deepcopy``, the dump into ``config.yaml``) expands
-  it; a document over :data:`MAX_EXPANDED_NODES` expanded values ("billion laughs") is refused.
+- Torch files: ``torch.load(weights_only=True)`` plus :data:`ALLOWED_GLOBALS`, after classifying the file
+  (missing, a directory, empty, truncated, not a ``torch.save`` archive), so a failure is one line, never
+  torch's advice to load with ``weights_only=False``.
+- FSDP sharded checkpoints: torch reads ``.metadata`` with a plain ``pickle.load`` and the non-tensor
+  entries with ``weights_only=False``; here a restricted unpickler and weights-only loads read them.
+- safetensors: ``safe_open`` checks the header against the file before anything is allocated.
+- Hugging Face directories and Hub names: ``trust_remote_code=False`` always (transformers would otherwise
+  ask on stdin, and accept a piped ``y``); a local directory is checked first (config, tokenizer files, no
+  ``auto_map`` code, weight files readable as above).
+- YAML: every copy or walk of a value (jsonargparse's validation, ``deepcopy``, the dump into
+  ``config.yaml``) expands its aliases, so a document over :data:`MAX_EXPANDED_NODES` values is refused.
 """
 
 from __future__ import annotations
@@ -30,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jsonargparse
 import torch
 import yaml
 from lightning.fabric.utilities.load import _METADATA_FILENAME
@@ -55,21 +52,15 @@ MAX_EXPANDED_NODES = 1_000_000
 MAX_YAML_BYTES = 16 * 1024 * 1024
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE_PROTO = 0x80  # torch.save's legacy (pre-zip) format starts with a pickle PROTO opcode
-# What torch.distributed.checkpoint pickles into ``.metadata`` (classes are only constructed from the
-# pickled arguments, which is harmless for these).
-_DCP_METADATA_CLASSES = (
-    "Metadata",
-    "MetadataIndex",
-    "StorageMeta",
-    "TensorProperties",
-    "TensorStorageMetadata",
-)
-_DCP_METADATA_CLASSES += ("BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
+# What torch.distributed.checkpoint pickles into ``.metadata`` (harmless: built from pickled arguments).
+_DCP_METADATA_CLASSES = ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties")
+_DCP_METADATA_CLASSES += ("TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata")
 _DCP_GLOBALS = {
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("collections", "OrderedDict"),
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
     *(("pathlib", name) for name in ("PosixPath", "PurePosixPath", "WindowsPath")),
     *(("torch.distributed.checkpoint.metadata", name) for name in _DCP_METADATA_CLASSES),
 }
@@ -131,12 +122,11 @@ def load_weights_only(
 ) -> Any:
     """``torch.load(path, weights_only=True)`` with :data:`ALLOWED_GLOBALS` and one-line errors.
 
-    ``mmap`` maps the tensors' storage instead of reading it (to look at the other entries cheaply).
+    ``mmap`` maps the tensors' storage (torch maps only zip files: a legacy one is read whole, so that its
+    refusal names the real reason rather than torch's mmap complaint).
     """
     path = Path(path)
     _check_torch_file(path, key)
-    # torch maps only zip-format files; a legacy-format file is read whole (still weights-only), so that
-    # its refusal names the real reason rather than torch's mmap complaint.
     try:
         return _torch_load(path, key, path, map_location=map_location, mmap=mmap and zipfile.is_zipfile(path))
     except (RuntimeError, EOFError, ValueError, OSError, KeyError, AttributeError, struct.error) as exc:
@@ -146,9 +136,8 @@ def load_weights_only(
 
 
 class _WeightsOnlyPlanner(_EmptyStateDictLoadPlanner):
-    """Torch's planner for reading a whole sharded checkpoint, with its non-tensor entries read weights-only
-    (torch's own ``load_bytes`` unpickles them with ``weights_only=False``: a crafted shard could run code).
-    """
+    """Torch's planner for a whole sharded checkpoint, with non-tensor entries read weights-only (torch's
+    own ``load_bytes`` unpickles them with ``weights_only=False``: a crafted shard could run code)."""
 
     def __init__(self, directory: Path) -> None:
         super().__init__()
@@ -176,11 +165,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def check_sharded_metadata(path: str | Path, key: str = "--ckpt_path") -> None:
-    """Unpickles the ``torch.distributed.checkpoint`` metadata of ``path`` with the restricted unpickler.
-
-    torch reads these files with a plain ``pickle.load``; they must pass this check first, so a crafted
-    file is refused before torch runs anything from it (the shards themselves are read weights-only).
-    """
+    """Unpickles the ``*.metadata`` of ``path`` with the restricted unpickler, before torch's plain
+    ``pickle.load`` could run anything from a crafted one."""
     for metadata_file in sorted(Path(path).glob("*.metadata")):
         if metadata_file.stat().st_size == 0:
             raise MLMAdaptError(f"{key}: {metadata_file} is empty (0 bytes): not a sharded checkpoint")
@@ -191,25 +177,10 @@ def check_sharded_metadata(path: str | Path, key: str = "--ckpt_path") -> None:
             raise _refusal(metadata_file, key, exc) from None
 
 
-def _wrapped_refusal(exc: BaseException) -> MLMAdaptError | None:
-    """The :class:`MLMAdaptError` a sharded load raised, also where torch wrapped it (``CheckpointException``
-    keeps each rank's failure in ``failures``)."""
-    if isinstance(exc, MLMAdaptError):
-        return exc
-    for failure in (getattr(exc, "failures", None) or {}).values():
-        inner = failure[0] if isinstance(failure, tuple) else failure  # (exception, stack summary)
-        if isinstance(inner, MLMAdaptError):
-            return inner
-    return None
-
-
 def load_sharded(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any]:
-    """An FSDP sharded checkpoint directory as one full dictionary, read without running code.
-
-    The same steps as Lightning's ``_load_distributed_checkpoint`` (used by its ``consolidate_checkpoint``
-    utility), after :func:`check_sharded_metadata`, with a weights-only ``meta.pt`` and weights-only
-    non-tensor entries.
-    """
+    """An FSDP sharded checkpoint directory as one dictionary, read without running code: Lightning's
+    ``_load_distributed_checkpoint`` after :func:`check_sharded_metadata`, with ``meta.pt`` and the
+    non-tensor entries read weights-only."""
     path = Path(path)
     if not (path / ".metadata").is_file():
         raise MLMAdaptError(f"{key}: {path} has no .metadata: not a complete FSDP sharded checkpoint")
@@ -222,7 +193,9 @@ def load_sharded(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any]:
             checkpoint, storage_reader=FileSystemReader(path), planner=_WeightsOnlyPlanner(path), no_dist=True
         )
     except (Exception, CheckpointException) as exc:  # torch wraps a shard's failure (a BaseException)
-        refused = _wrapped_refusal(exc)
+        # CheckpointException keeps each rank's failure in ``failures``: (exception, stack summary).
+        failures = [f[0] if isinstance(f, tuple) else f for f in getattr(exc, "failures", {}).values()]
+        refused = next((e for e in [exc, *failures] if isinstance(e, MLMAdaptError)), None)
         if refused is not None:
             raise refused from None
         raise MLMAdaptError(
@@ -350,8 +323,8 @@ def _from_pretrained(auto: Any, what: str, check: Callable[[Path, str], None], n
 
 
 def check_yaml_expansion(text: str, source: str = "a --config file or YAML value") -> None:
-    """Refuses YAML text over :data:`MAX_YAML_BYTES`, or whose aliases expand to over
-    :data:`MAX_EXPANDED_NODES` values (counted on the composed node graph, one visit per distinct node)."""
+    """Refuses YAML over :data:`MAX_YAML_BYTES`, or whose aliases expand to over :data:`MAX_EXPANDED_NODES`
+    values (counted on the composed node graph, one visit per distinct node)."""
     if len(text) > MAX_YAML_BYTES:
         raise MLMAdaptError(
             f"{source}: {len(text)} characters of YAML (the limit is {MAX_YAML_BYTES}); configs are smaller"
@@ -381,8 +354,11 @@ def check_yaml_expansion(text: str, source: str = "a --config file or YAML value
         )
 
 
-def bounded_loader(load: Any) -> Any:
-    """``load`` (a ``str -> value`` YAML loader, e.g. jsonargparse's) behind :func:`check_yaml_expansion`."""
+def bound_yaml() -> None:
+    """Every YAML jsonargparse loads (``--config`` files, values) passes :func:`check_yaml_expansion`."""
+    load = jsonargparse.get_loader("yaml")
+    if getattr(load, "bounded", False):
+        return
 
     def load_bounded(text: str) -> Any:
         if isinstance(text, str):
@@ -390,4 +366,5 @@ def bounded_loader(load: Any) -> Any:
         return load(text)
 
     load_bounded.bounded = True  # type: ignore[attr-defined]
-    return load_bounded
+    # The exceptions jsonargparse expects from its YAML loader (it then treats the value as a string).
+    jsonargparse.set_loader("yaml", load_bounded, exceptions=(yaml.YAMLError,))

@@ -1,18 +1,17 @@
 """Exclusive locks on output paths, and the staging directories outputs are written in.
 
-Locks: ``fcntl.flock`` on ``.<name>.lock`` beside the real (symlink-resolved) output, so two spellings of
-one path share one lock. The file holds a ``{pid, host}`` record for the "busy" message and is removed on
-release; its inode is re-checked after locking, so one removed and recreated meanwhile is never trusted.
-A file at that name that is not our record is refused, never truncated; a dead owner's record is taken
-over with one line. Locks are re-entrant within a process. Where ``flock`` is missing (Lustre without
-``-o flock``, Windows) the write goes on unlocked after a warning: the atomic publish still holds. Forked
-workers close the lock files they inherit and, on Linux, die with their parent.
+Locks: re-entrant ``fcntl.flock`` on ``.<name>.lock`` beside the real output (two spellings of a path share
+it), holding a ``{pid, host}`` record for the "busy" message, removed on release; its inode is re-checked
+after locking. A file there that is not our record is refused, never truncated; a dead owner's record is
+taken over with one line. Without ``flock`` (Lustre without ``-o flock``, Windows) the write goes on
+unlocked after a warning: the atomic publish still holds. Forked workers close inherited lock files and,
+on Linux, die with their parent.
 
-Staging: an output is written in ``.<name>.staging-<token>/new`` beside its target (same filesystem, so the
+Staging: an output is written in ``.<name>.staging-<token>/new`` beside its target (one filesystem: the
 publishing rename is atomic); a directory output being replaced waits in ``old``. The marker
-``.mlm_adapt-staging.json`` names the target and the token and is ``flock``-ed by its writer for the
-directory's whole life. A leftover is deleted only when its marker proves it ours and its lock can be
-taken (the kernel drops a killed writer's): a user's ``.export.staging-mynotes/`` is never touched.
+:data:`STAGING_MARKER` names the target and token and is ``flock``-ed by its writer for the directory's
+life. A leftover is deleted only when its marker proves it ours and its lock can be taken (the kernel
+drops a killed writer's): a user's ``.export.staging-mynotes/`` is never touched.
 """
 
 from __future__ import annotations
@@ -56,11 +55,8 @@ def _before_fork() -> None:
 
 
 def _in_forked_child() -> None:
-    """A forked worker inherits no lock and dies with its parent.
-
-    ``flock`` belongs to the open file, which a fork shares: a worker outliving its killed parent would keep
-    the parent's locks held, and each later run would be refused as if the parent still wrote.
-    """
+    """A forked worker inherits no lock and dies with its parent: ``flock`` belongs to the open file, which a
+    fork shares, so a worker outliving its killed parent would keep the parent's locks held."""
     global _registry
     _registry = threading.Lock()  # another thread may have held it at the fork
     for fd, _depth in _held.values():
@@ -95,17 +91,17 @@ def _holder(path: Path) -> str:
     return ""
 
 
-def _try_lock(fd: int) -> bool:
-    """Whether the lock on an open file could be taken now (its holder, if any, is gone); keeps it."""
-    if fcntl is None:
-        return False
+def _try_lock(fd: int) -> bool | None:
+    """Takes the lock on an open file if free now (``True``); ``False``: held; ``None``: no ``flock`` here."""
     try:
+        if fcntl is None:
+            return None
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
     except OSError as exc:
         if exc.errno in _UNSUPPORTED:
-            return False  # liveness unknown: treat as alive
+            return None
         raise
     return True
 
@@ -136,11 +132,8 @@ def _claim(fd: int, path: Path, key: str, shown: str) -> None:
 
 
 def acquire(target: Path, key: str, shown: str, wait: bool = False) -> None:
-    """Takes the exclusive (re-entrant) lock of ``target``, whose parent must exist, or refuses.
-
-    With ``wait`` it waits for the other process instead (one line says for whom), e.g. for the node that
-    fills a shared cache.
-    """
+    """Takes the exclusive (re-entrant) lock of ``target``, whose parent must exist, or refuses; with
+    ``wait``, waits for the holder instead (one line says for whom), e.g. the node filling a shared cache."""
     path = lock_path(target)
     with _registry:
         if path in _held:
@@ -157,22 +150,21 @@ def acquire(target: Path, key: str, shown: str, wait: bool = False) -> None:
                     else f"{key}: cannot create the lock file {path} for {shown}: {exc.strerror}"
                 ) from None
             try:
-                if fcntl is None:
-                    raise OSError(errno.ENOSYS, "no flock on this platform")
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if not wait:
-                    os.close(fd)
-                    raise MLMAdaptError(
-                        f"{key}: {shown} is being written by another mlm_adapt process{_holder(path)}; wait "
-                        "for it to finish or choose another directory"
-                    ) from None
+                taken = _try_lock(fd)
+            except OSError:
+                os.close(fd)
+                raise
+            if taken is False and not wait:
+                os.close(fd)
+                raise MLMAdaptError(
+                    f"{key}: {shown} is being written by another mlm_adapt process{_holder(path)}; wait "
+                    "for it to finish or choose another directory"
+                )
+            if taken is False:
                 print(f"mlm_adapt: waiting for {shown}{_holder(path)}", flush=True)
                 fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError as exc:
+            if taken is None:
                 os.close(fd)
-                if exc.errno not in _UNSUPPORTED:
-                    raise
                 warnings.warn(
                     f"{path.parent} does not support file locks; writing {shown} unlocked", stacklevel=2
                 )
@@ -229,13 +221,11 @@ class Staging:
     marker_fd: int
 
     @property
-    def payload(self) -> Path:
-        """Where the new output is written."""
+    def payload(self) -> Path:  # the new output
         return self.path / "new"
 
     @property
-    def backup(self) -> Path:
-        """Where an earlier directory output waits while it is replaced."""
+    def backup(self) -> Path:  # an earlier directory output, while it is replaced
         return self.path / "old"
 
     def remove(self) -> None:
@@ -257,7 +247,7 @@ def create_staging(target: Path) -> Staging:
     fd = os.open(path / STAGING_MARKER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
     try:
         os.write(fd, (json.dumps(record) + "\n").encode())
-        _try_lock(fd)  # only we know the name yet: False means flock is unsupported (kept as live)
+        _try_lock(fd)  # only we know the name yet; without flock it is kept as live
     except BaseException:
         os.close(fd)
         shutil.rmtree(path, ignore_errors=True)
@@ -279,17 +269,15 @@ def _is_dead_staging(entry: Path, target: Path) -> bool:
     except (OSError, ValueError):
         return False
     try:
-        return _try_lock(fd)
+        return _try_lock(fd) is True  # without flock, liveness is unknown: kept as live
     finally:
         os.close(fd)
 
 
 def clean_leftovers(target: Path) -> None:
-    """Deletes the staging directories of ``target`` that killed writers left (proven ours, writer gone).
-
-    A directory output interrupted between its two renames left the target absent and the earlier output
-    in ``old``: it is renamed back first. Called with the target's lock held for directory outputs.
-    """
+    """Deletes the staging directories of ``target`` that killed writers left (proven ours, writer gone),
+    after renaming back an earlier output left in ``old`` between the two renames of a replacement. Called
+    with the target's lock held for directory outputs."""
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         for entry in target.parent.iterdir():
             if entry.name.startswith(_staging_prefix(target)) and _is_dead_staging(entry, target):

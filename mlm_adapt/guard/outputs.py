@@ -1,21 +1,18 @@
 """Every file the tool writes goes through here: exports, prepared shards, vocabularies, plots, checkpoints.
 
-An :class:`Output` names the path, the option it came from and the run's inputs. The rules, checked by
+An :class:`Output` names the path, its option and the run's inputs. The rules, checked by
 :func:`check_output` before any work and again under the lock when writing:
 
-- Symlinks: the path is resolved (``realpath``, every component) and the real path is checked, locked and
-  replaced, so a link the user pointed at it keeps pointing at the new output. A dangling link or a loop in
-  any component is refused. Checkpoint files are the exception (``follow_link=False``): Lightning makes
-  ``last.ckpt`` a link to another checkpoint (``save_last: link``), so such a name is replaced, not
-  written through.
+- Symlinks: the real path (every component resolved) is checked, locked and replaced, so a link the user
+  pointed at it keeps pointing at the new output; a dangling link or a loop is refused. Checkpoint files
+  (``follow_link=False``) replace a link rather than write through it: Lightning's ``save_last: link``.
 - An output never is, contains, lies inside or would be globbed as an input of the run; a directory output
-  never is or contains the current directory or a run directory.
-- Writability is checked up front: the kind of what is there, read-only targets and parents, mount points.
-- An output is written under its lock in a staging directory beside it (:mod:`mlm_adapt.guard.locks`).
-  A directory output is published by renames. It replaces only an earlier export (a directory holding
-  :data:`MARKER` and nothing else) and only with ``overwrite``, decided again at publish time. A file
-  output replaces its target in one ``os.replace`` and keeps the mode of the file it replaces.
-- Every file and directory gets the umask's mode (safetensors and ``mkstemp`` write 0600) and is fsynced.
+  never is or contains the current directory or a run directory. Writability is checked up front.
+- Outputs are written under their lock in a staging directory beside them (:mod:`mlm_adapt.guard.locks`).
+  A directory output is published by renames and replaces only an earlier export (holding :data:`MARKER`
+  and nothing else) with ``overwrite``, decided again at publish time. A file output replaces its target
+  in one ``os.replace``, keeping its mode. Everything gets the umask's mode (safetensors and ``mkstemp``
+  write 0600) and is fsynced.
 """
 
 from __future__ import annotations
@@ -52,16 +49,14 @@ def _umask() -> int:
 
 
 def _finish(path: Path, file_mode: int | None = None) -> None:
-    """Gives every file under ``path`` mode ``0666 & ~umask`` (``file_mode`` for a single-file output) and
-    every directory ``0777 & ~umask``, then flushes the files to disk."""
+    """Gives files ``0666 & ~umask`` (a single file: ``file_mode`` if given), directories ``0777 & ~umask``;
+    flushes the files to disk."""
     mask = _umask()
-    if path.is_file():
-        entries = [(path, 0o666 & ~mask if file_mode is None else file_mode)]
-    else:
-        entries = [(path, 0o777 & ~mask)]
-        for root, dirs, files in os.walk(path):
-            entries += [(Path(root, d), 0o777 & ~mask) for d in dirs]
-            entries += [(Path(root, f), 0o666 & ~mask) for f in files]
+    top_mode = 0o666 & ~mask if file_mode is None else file_mode
+    entries = [(path, top_mode if path.is_file() else 0o777 & ~mask)]
+    for root, dirs, files in os.walk(path):  # nothing for a file
+        entries += [(Path(root, d), 0o777 & ~mask) for d in dirs]
+        entries += [(Path(root, f), 0o666 & ~mask) for f in files]
     for entry, mode in entries:
         if not entry.is_symlink():
             os.chmod(entry, mode)
@@ -88,13 +83,8 @@ def _absolute(given: str | Path) -> Path:
 
 
 def resolve(given: str | Path, key: str, follow_link: bool = True) -> Path:
-    """The real path ``given`` names, refusing a dangling link or a link loop in any component.
-
-    Args:
-        given: The path as the user wrote it.
-        key: The option that named it, for messages.
-        follow_link: Resolve the last component too (``False``: only its directory).
-    """
+    """The real path ``given`` (named by option ``key``) names, refusing a dangling link or a link loop in any
+    component; without ``follow_link``, the last component is not resolved."""
     absolute = _absolute(given)
     prefix = Path(absolute.anchor)
     for part in absolute.parts[1:]:
@@ -117,10 +107,6 @@ def resolve(given: str | Path, key: str, follow_link: bool = True) -> Path:
 def shown(given: str | Path, real: Path) -> str:
     """The user's path, followed by the real one when a link or ``..`` made them differ."""
     return str(given) if os.path.normpath(_absolute(given)) == str(real) else f"{given} (-> {real})"
-
-
-def _is_within(path: Path, directory: Path) -> bool:
-    return path == directory or directory in path.parents
 
 
 def _globbed(parts: Sequence[str], pattern: Sequence[str], prefix: bool) -> bool:
@@ -156,7 +142,7 @@ def _input_conflict(real: Path, directory: bool, given: str, key: str) -> str | 
         return _conflict(real, Path(os.path.realpath(path)), given, key) if os.path.lexists(path) else None
     cut = next(i for i, p in enumerate(path.parts) if any(c in p for c in _GLOB_CHARS))
     root = Path(os.path.realpath(Path(*path.parts[:cut]) if cut else Path(".")))
-    if _is_within(root, real):
+    if root.is_relative_to(real):
         return f"contains the input {given} ({key})"
     if root in real.parents and _globbed(real.relative_to(root).parts, path.parts[cut:], directory):
         return f"would be read as the input {given} ({key}) by the next run"
@@ -168,18 +154,15 @@ def _check_rules(output: Output) -> Path:
     """The output's real path, after refusing what the path rules forbid (see the module docstring)."""
     real, given, key = output.resolve(), output.path, output.key
     name = shown(given, real)
+    protected = []  # what a directory output must not be or contain, for messages: (path, what, note, e.g.)
     if output.directory:
-        cwd = Path(os.path.realpath(Path.cwd()))
-        if _is_within(cwd, real):
-            what = "is the current directory" if real == cwd else f"contains the current directory {cwd}"
-            raise MLMAdaptError(f"{key}: {given} {what}; give a directory of its own, e.g. ./export")
+        protected.append((Path(os.path.realpath(Path.cwd())), "the current directory", "", "./export"))
         for run in (Path(os.path.realpath(_absolute(d))) for d in output.run_dirs):
-            if _is_within(run, real):
-                what = "is the run directory" if real == run else f"contains the run directory {run}"
-                raise MLMAdaptError(
-                    f"{key}: {given} {what} (checkpoints and logs); give a directory of its own, "
-                    f"e.g. {run / 'export'}"
-                )
+            protected.append((run, "the run directory", " (checkpoints and logs)", run / "export"))
+    for directory, what, note, example in protected:
+        if directory.is_relative_to(real):
+            what = f"is {what}" if real == directory else f"contains {what} {directory}"
+            raise MLMAdaptError(f"{key}: {given} {what}{note}; give a directory of its own, e.g. {example}")
     for input_key, items in output.inputs.items():
         for item in filter(None, items):
             what = _input_conflict(real, output.directory, str(item), input_key)
@@ -217,18 +200,9 @@ def _check_rules(output: Output) -> Path:
 
 # --- outputs -----------------------------------------------------------------------------------------------
 
-# What this command published, each with the file that proves it complete (the CLI checks them at exit).
-_published: list[tuple[Path, Path]] = []
-
-
-def forget_published() -> None:
-    """A new command: nothing published yet."""
-    _published.clear()
-
-
-def missing_published() -> list[tuple[Path, Path]]:
-    """What this command published whose proof is not there: a command must not report it as success."""
-    return [(output, proof) for output, proof in _published if not proof.is_file()]
+# What this command published, each with the file that proves it complete: the CLI clears it before a
+# command and checks it after, so that a command never reports success for an output missing its proof.
+published: list[tuple[Path, Path]] = []
 
 
 @dataclass(frozen=True)
@@ -240,7 +214,7 @@ class Output:
         key: The option that named it (``--output_dir``, ``export.output_dir``), for messages.
         directory: A directory output (an export) rather than a single file.
         overwrite: A directory output may replace an earlier export (files are always replaced).
-        inputs: Input paths or globs of the run by the option that named them.
+        inputs: Input paths or globs of the run, by the option that named them.
         run_dirs: Directories of the run (logs, checkpoints) a directory output must not be or contain.
         follow_link: Write through a symlink at ``path`` itself (``False`` for checkpoint files).
     """
@@ -257,16 +231,10 @@ class Output:
         """The real path written (see the symlink policy)."""
         return resolve(self.path, self.key, self.follow_link)
 
-    def shown(self, real: Path) -> str:
-        """The user's path (and the real one where they differ), for messages."""
-        return shown(self.path, real)
-
 
 def write_marker(directory: str | Path) -> None:
-    """Writes :data:`MARKER` into ``directory``, listing every entry it holds (the export's own files).
-
-    Written last, after the files were checked, so a directory with a valid marker is a complete export.
-    """
+    """Writes :data:`MARKER` into ``directory``, listing every entry it holds (the export's own files):
+    last, after the files were checked, so a directory with a valid marker is a complete export."""
     files = sorted(p.name for p in Path(directory).iterdir() if p.name != MARKER)
     payload = {"format": _MARKER_FORMAT, "version": 1, "files": files}
     (Path(directory) / MARKER).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
@@ -284,12 +252,6 @@ def _listed(directory: str | Path) -> tuple[set[str], set[str]] | None:
     return {str(f) for f in listed}, {p.name for p in Path(directory).iterdir()} - {MARKER}
 
 
-def foreign_entries(directory: str | Path) -> list[str] | None:
-    """Entries of ``directory`` that no export wrote (``None``: it is not an export at all)."""
-    entries = _listed(directory)
-    return None if entries is None else sorted(entries[1] - entries[0])
-
-
 def is_complete_export(directory: str | Path) -> bool:
     """A directory with a valid marker whose listed entries are all present and that holds nothing else."""
     entries = _listed(directory)
@@ -300,12 +262,12 @@ def _refuse_unreplaceable(output: Output, real: Path, at_publish: bool = False) 
     """Refuses a non-empty directory unless it is an earlier export that ``overwrite`` may replace."""
     if not real.is_dir() or not any(real.iterdir()):
         return
-    given, key = output.path, output.key
-    foreign = foreign_entries(real)
+    given, key, entries = output.path, output.key, _listed(real)
+    foreign = None if entries is None else sorted(entries[1] - entries[0])  # None: not an export at all
     if at_publish and not (output.overwrite and foreign == []):
         raise MLMAdaptError(
-            f"{key}: {output.shown(real)} was written by another process while this command ran; nothing "
-            "was replaced (choose another directory, or pass overwrite to replace an earlier export)"
+            f"{key}: {shown(given, real)} was written by another process while this command ran; nothing was "
+            "replaced (choose another directory, or pass overwrite to replace an earlier export)"
         )
     if not output.overwrite:
         hint = "pass overwrite to replace the earlier export" if foreign == [] else "choose another directory"
@@ -323,17 +285,12 @@ def _refuse_unreplaceable(output: Output, real: Path, at_publish: bool = False) 
 
 
 def check_output(output: Output) -> Path:
-    """Refuses, with one line and before any work, an output that must not or cannot be written.
-
-    For a directory output whose parent exists, also repairs what a killed writer left (under the lock)
-    and applies the ``overwrite`` rule to what is there now.
-
-    Returns:
-        The real path that will be written.
-    """
+    """Refuses, with one line and before any work, an output that must not or cannot be written; returns the
+    real path. A directory output whose parent exists also gets what a killed writer left repaired (under
+    the lock) and the ``overwrite`` rule applied to what is there now."""
     real = _check_rules(output)
     if output.directory and real.parent.is_dir():
-        with locked(real, output.key, output.shown(real)):
+        with locked(real, output.key, shown(output.path, real)):
             clean_leftovers(real)
             _refuse_unreplaceable(output, real)
     return real
@@ -352,7 +309,7 @@ def refuse_same_outputs(outputs: Iterable[Output]) -> None:
 
 
 @contextlib.contextmanager
-def _staged(output: Output, real: Path) -> Iterator[Staging]:
+def _staged(real: Path) -> Iterator[Staging]:
     """A staging directory for ``real``, removed afterwards; an error of the block names the user's path
     instead of the staging one (a full disk that a library reports in words stays a full disk)."""
     clean_leftovers(real)
@@ -379,22 +336,18 @@ def write_directory(
     publishing: contextlib.AbstractContextManager[object] | None = None,
     proof: str | None = None,
 ) -> Iterator[Path]:
-    """Yields an empty staging directory to write ``output`` into; publishes it when the block succeeds.
+    """Yields an empty staging directory to write ``output`` into (under its lock, after the rules are
+    re-checked and killed writers' leftovers repaired); publishes it when the block succeeds.
 
-    ``publishing`` is entered around the publication (fsync and renames), e.g. a progress phase: for a
-    model of hundreds of MB the fsync alone takes seconds. ``proof`` names the file the writer puts in the
-    directory to mark it complete (a prepared directory's ``manifest.json``); without one, the export
-    marker is written.
-
-    Under ``output``'s lock: leftovers of killed writers are repaired, the rules re-checked, the staging
-    directory created. On success the marker is written, modes follow the umask, files are fsynced, and
-    the staging directory replaces the target: one rename for an absent or empty target; for an earlier
-    export (``overwrite``, re-checked now) two, target -> ``old`` in the staging directory, staging ->
-    target. Whatever happens, the staging directory is gone afterwards.
+    ``publishing`` is entered around the publication (a progress phase: fsyncing hundreds of MB takes
+    seconds). ``proof`` is the file the writer puts in to mark the directory complete (a prepared
+    directory's ``manifest.json``); without one, the export marker is written. Publishing is one rename
+    over an absent or empty target; an earlier export (``overwrite``, re-checked now) first moves to
+    ``old`` in the staging directory. Whatever happens, the staging directory is gone afterwards.
     """
     real = _check_rules(output)
     real.parent.mkdir(parents=True, exist_ok=True)
-    with locked(real, output.key, output.shown(real)), _staged(output, real) as staging:
+    with locked(real, output.key, shown(output.path, real)), _staged(real) as staging:
         _refuse_unreplaceable(output, real)
         staging.payload.mkdir(mode=0o777)
         yield staging.payload
@@ -403,7 +356,7 @@ def write_directory(
                 write_marker(staging.payload)
             elif not (staging.payload / proof).is_file():
                 raise MLMAdaptError(
-                    f"{output.key}: {output.shown(real)}: {proof} was not written, so nothing was "
+                    f"{output.key}: {shown(output.path, real)}: {proof} was not written, so nothing was "
                     "published; run the same command again"
                 )
             _finish(staging.payload)
@@ -418,19 +371,16 @@ def write_directory(
                     os.rename(staging.backup, real)
                 raise
             _fsync(real.parent)
-            _published.append((real, real / (proof or MARKER)))
+            published.append((real, real / (proof or MARKER)))
 
 
 @contextlib.contextmanager
 def write_file(output: Output) -> Iterator[Path]:
-    """Yields a staging path to write ``output``'s file to; it replaces the target when the block succeeds.
-
-    The new file gets the mode of the file it replaces (else the umask's), is fsynced and moved over the
-    target by ``os.replace``: readers see the old file or the new one, never a part.
-    """
+    """Yields a staging path for ``output``'s file; when the block succeeds, it gets the replaced file's mode
+    (else the umask's), is fsynced and moved over the target (readers see the old file or the new one)."""
     real = _check_rules(output)
     real.parent.mkdir(parents=True, exist_ok=True)
-    with _staged(output, real) as staging:
+    with _staged(real) as staging:
         yield staging.payload
         mode = None
         if real.is_file() and not (real.is_symlink() and not output.follow_link):

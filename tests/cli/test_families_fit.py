@@ -53,7 +53,7 @@ def test_fit_export_reload_and_fill_mask(family, tmp_path):
 def test_preview_prints_decoded_text(family):
     import datasets
 
-    from mlm_adapt.cli.preview import batch_examples, render_text
+    from mlm_adapt.cli.data_only import batch_examples, render_text
     from mlm_adapt.data.preprocess import to_blocks
     from mlm_adapt.masking import WholeWordMaskCollator
     from mlm_adapt.text.segmentation import Segmenter
@@ -81,7 +81,7 @@ def test_preview_prints_decoded_text(family):
 
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
 def test_preview_shows_a_unit_holding_an_unknown_token(family):
-    from mlm_adapt.cli.preview import render_text
+    from mlm_adapt.cli.data_only import render_text
 
     tokenizer = AutoTokenizer.from_pretrained(family_dir(family))
     ids = [tokenizer.cls_token_id, *tokenizer("好书", add_special_tokens=False)["input_ids"]]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlm_adapt.cli.preview import render_text
+from mlm_adapt.cli.data_only import render_text
 
 
 def test_masked_word_with_an_unk_piece(tokenizer):

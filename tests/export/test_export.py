@@ -18,7 +18,7 @@ from lightning.fabric.utilities.load import _METADATA_FILENAME
 from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
 
 from mlm_adapt.cli import main
-from mlm_adapt.cli.export import export_main
+from mlm_adapt.cli.commands import export_main
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
 from mlm_adapt.export.writer import verify_export

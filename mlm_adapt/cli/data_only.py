@@ -1,0 +1,222 @@
+"""The commands over a fit config that build only the DataModule.
+
+- ``preview``: training examples exactly as the collator masks them (the same DataModule as ``fit``).
+- ``prepare``: the corpus segmented, tokenized and packed once, on a CPU node; ``fit --data.prepared_dir
+  DIR`` then reads only DIR (memory-mapped shards), and no rank waits on jieba.
+- ``vocab``: the characters the model's vocabulary lacks (``[UNK]``; ``--output_tokens`` for
+  ``model.new_tokens_file``) and the domain terms ``data.segmenter`` splits, so that whole-word masking never
+  masks them whole (``--output_dict``, a jieba user dictionary for ``data.user_dict``); see
+  :mod:`mlm_adapt.text.terms`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch.cli import LightningArgumentParser
+from lightning.pytorch.utilities import rank_zero_info
+from transformers import PreTrainedTokenizerBase
+from typing_extensions import override
+
+from mlm_adapt.cli.fit import MLMAdaptCLI
+from mlm_adapt.data import MLMDataModule
+from mlm_adapt.data.prepared import parse_shard, part_name, prepare_corpus
+from mlm_adapt.data.progress import Progress
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.export.callback import hparams_inputs
+from mlm_adapt.guard.outputs import Output, check_output, refuse_same_outputs, write_text
+from mlm_adapt.text.tokenizer import (
+    candidate_terms,
+    cohesion,
+    join_pieces,
+    oov_characters,
+    piece_text,
+    write_user_dict,
+)
+
+
+def batch_examples(batch: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase) -> Iterator[dict]:
+    """Splits a collated batch into JSON-ready examples: ``tokens`` readable (``是``, not ``æĺ¯``),
+    ``word_ids`` null on special and pad tokens."""
+    for row in range(batch["input_ids"].shape[0]):
+        input_ids = batch["input_ids"][row].tolist()
+        word_ids = batch["word_ids"][row].tolist()
+        yield {
+            "tokens": [piece_text(tokenizer, i) for i in input_ids],
+            "input_ids": input_ids,
+            "attention_mask": batch["attention_mask"][row].tolist(),
+            "labels": batch["labels"][row].tolist(),
+            "word_ids": [None if w < 0 else w for w in word_ids],
+        }
+
+
+def render_text(example: dict, tokenizer: PreTrainedTokenizerBase) -> str:
+    """One line per example: words separated by spaces, each masked word as ``【original→seen】``."""
+    words: list[tuple[int | None, list[int]]] = []  # (word id, positions)
+    for pos, (word, attended) in enumerate(zip(example["word_ids"], example["attention_mask"], strict=True)):
+        if not attended:
+            break
+        if word is not None and words and words[-1][0] == word:
+            words[-1][1].append(pos)
+        else:
+            words.append((word, [pos]))
+    labels, input_ids = example["labels"], example["input_ids"]
+    parts, n_masked_words, n_masked = [], 0, 0
+    for _, positions in words:
+        # Decoded per word, so byte-level pieces of one character print as that character.
+        shown = join_pieces(tokenizer, [input_ids[p] for p in positions])
+        predicted = [p for p in positions if labels[p] != -100]
+        if predicted:
+            # A piece without a label (an [UNK] is never a target) was left as is: its input is the original.
+            original_ids = [labels[p] if labels[p] != -100 else input_ids[p] for p in positions]
+            original = join_pieces(tokenizer, original_ids)
+            parts.append(f"【{original}→{shown}】")
+            n_masked_words += 1
+            n_masked += len(predicted)
+        else:
+            parts.append(shown)
+    length = sum(example["attention_mask"])
+    rate = n_masked / max(length - 2, 1)
+    header = f"# {length} tokens, {n_masked} masked ({rate:.1%}) in {n_masked_words} words"
+    return header + "\n" + " ".join(parts)
+
+
+class DataOnlyCLI(MLMAdaptCLI):
+    """Parses a fit config (with ``--data.*``/``--model.*`` overrides) plus a command's own ``options``
+    (``(flag, type, default, help)``) and builds only the DataModule."""
+
+    def __init__(self, args: list[str], options: list[tuple[str, Any, Any, str]]) -> None:
+        self.options = options
+        super().__init__(args=args, run=False, save_config_callback=None)
+
+    @override
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        for flag, type_, default, help_ in self.options:
+            parser.add_argument(flag, type=type_, default=default, help=help_)
+
+    @override
+    def instantiate_classes(self) -> None:
+        # The model and trainer are not needed to see the data; loading them would cost time and memory.
+        self.datamodule = MLMDataModule(**self.config["data"].as_dict())
+
+
+def preview_main(args: list[str]) -> None:
+    """Prints the first ``--num_examples`` training examples exactly as the collator masks them."""
+    cli = DataOnlyCLI(
+        args,
+        [
+            ("--num_examples", int, 4, "How many training examples to show."),
+            ("--format", Literal["text", "json"], "text", "text: annotated; json: one per line."),
+        ],
+    )
+    datamodule, config = cli.datamodule, cli.config
+    if config.num_examples < 1:
+        raise MLMAdaptError(f"--num_examples={config.num_examples} must be at least 1")
+    datamodule.setup("fit")
+    tokenizer = datamodule.tokenizer
+    examples = (e for batch in datamodule.train_dataloader() for e in batch_examples(batch, tokenizer))
+    for example in itertools.islice(examples, config.num_examples):
+        if config.format == "json":
+            print(json.dumps(example, ensure_ascii=False))
+        else:
+            print(render_text(example, tokenizer) + "\n")
+
+
+def prepare_main(args: list[str]) -> None:
+    """Writes ``--data.prepared_dir`` from a fit config (progress bars, or phase lines when they are off)."""
+    shard_help = (
+        "TASK/TASKS: prepare only this task's share of the documents, as DIR/part-TASK-of-TASKS; fit reads "
+        "DIR once all parts exist (scripts/slurm/prepare.sbatch: one task per array index)."
+    )
+    cli = DataOnlyCLI(args, [("--shard", str | None, None, shard_help)])
+    datamodule, config = cli.datamodule, cli.config
+    shard = parse_shard(config.shard) if config.shard is not None else None
+    directory = config.data.prepared_dir
+    if not directory:
+        raise MLMAdaptError("data.prepared_dir: give the directory to write (--data.prepared_dir DIR)")
+    if not config.data.train_files and not config.data.dataset_name:
+        raise MLMAdaptError("data.train_files is empty; prepare needs the corpus (or data.dataset_name)")
+    bars = config.trainer.get("enable_progress_bar") is not False
+    inputs = hparams_inputs(config.get("model"), datamodule.hparams)
+    inputs.pop("data.prepared_dir", None)  # fit's input is prepare's output (with --shard, a part's home)
+    manifest = prepare_corpus(datamodule, directory, Progress("prepare", bars), shard, inputs)
+    if manifest.get("skipped"):
+        return
+    written, then = directory, f"train with --data.prepared_dir {directory}"
+    if shard is not None:
+        written = str(Path(directory) / part_name(*shard))
+        then += f" once all {shard[1]} parts exist" if shard[1] > 1 else ""
+    train = manifest["splits"]["train"]
+    size = sum(s["bytes"] for split in manifest["splits"].values() for s in split["shards"])
+    rank_zero_info(
+        f"mlm_adapt prepare: wrote {written} in {manifest['prepare_seconds']} s: "
+        f"{train['documents']:,} documents, {train['characters']:,} characters, {train['blocks']:,} "
+        f"training blocks ({train['tokens']:,} tokens) in {len(train['shards'])} shards, "
+        f"{size / 2**20:,.1f} MiB; {then}"
+    )
+
+
+def vocab_main(args: list[str]) -> None:
+    """Reports the corpus' ``[UNK]`` rate, OOV characters and candidate terms; writes them on demand."""
+    dict_help = "Write the proposed terms as a jieba user dictionary (for data.user_dict)."
+    tokens_help = "Write the top OOV characters, one per line (for model.new_tokens_file)."
+    cli = DataOnlyCLI(
+        args,
+        [
+            ("--output_dict", str | None, None, dict_help),
+            ("--output_tokens", str | None, None, tokens_help),
+            ("--min_count", int, 5, "Least count of a proposed term."),
+            ("--min_cohesion", float, 3.0, "Least PMI (nats) between a term's parts."),
+            ("--top_k", int, 30, "How many characters/terms to list."),
+        ],
+    )
+    config, datamodule = cli.config, cli.datamodule
+    hp = datamodule.hparams
+    # Checked before the corpus is read: an output must never replace the corpus or the model it reports on.
+    inputs = hparams_inputs(config["model"].as_dict(), dict(hp))
+    outputs = {
+        name: Output(path, key=f"--{name}", directory=False, inputs=inputs)
+        for name, path in (("output_dict", config.output_dict), ("output_tokens", config.output_tokens))
+        if path
+    }
+    refuse_same_outputs(outputs.values())
+    for output in outputs.values():
+        check_output(output)
+    texts = list(datamodule.train_documents()["text"])
+    oov, unk_tokens, total = oov_characters(texts, datamodule.tokenizer)
+    print(f"corpus: {len(texts):,} documents, {total:,} tokens; tokenizer {hp.tokenizer_name_or_path}")
+    print(
+        f"[UNK] rate: {unk_tokens / max(total, 1):.4%} "
+        f"({unk_tokens:,} tokens, {len(oov):,} distinct OOV characters)"
+    )
+    if oov:
+        print(f"\nmost frequent OOV characters (share of all [UNK]):\n{'char':<6}{'count':>8}{'share':>9}")
+        for ch, n in oov.most_common(config.top_k):
+            print(f"{ch:<6}{n:>8}{n / max(unk_tokens, 1):>9.1%}")
+    if unk_tokens > sum(oov.values()):
+        print(
+            "(other [UNK]: words WordPiece cannot assemble from its pieces, e.g. a letter glued to a symbol)"
+        )
+    segmenter = datamodule.segmenter
+    terms = candidate_terms(texts, hp.user_dict, config.min_count, config.min_cohesion, segmenter)
+    print(
+        f"\n{len(terms):,} candidate terms (HMM words that {segmenter.name} splits, count >= "
+        f"{config.min_count}, cohesion >= {config.min_cohesion}); top {min(config.top_k, len(terms))}:\n"
+        f"{'term':<10}{'count':>8}{'cohesion':>10}"
+    )
+    corpus = "\n".join(texts)
+    for word, n in terms.most_common(config.top_k):
+        print(f"{word:<10}{n:>8}{cohesion(word, corpus):>10.2f}")
+    if "output_dict" in outputs:
+        write_user_dict(terms, outputs["output_dict"])
+        print(f"\nwrote {len(terms):,} terms to {config.output_dict} (use it as data.user_dict)")
+    if "output_tokens" in outputs:
+        chars = [ch for ch, _ in oov.most_common(config.top_k)]
+        write_text(outputs["output_tokens"], "".join(f"{ch}\n" for ch in chars))
+        print(f"wrote {len(chars):,} characters to {config.output_tokens} (use it as model.new_tokens_file)")
