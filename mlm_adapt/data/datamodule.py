@@ -136,7 +136,8 @@ class MLMDataModule(L.LightningDataModule):
         validation_files: Validation files or globs (default: ``validation_split`` of the training documents).
             A mapping ``{name: files}`` gives several sets: the first logs ``val/*`` (checkpoint monitors),
             the others ``val_<name>/*``; ``null`` files mean the held-out split.
-        validation_split: Seeded fraction of training documents held out when no validation set is given.
+        validation_split: Seeded fraction of training documents held out for validation when no
+            ``validation_files`` are given (and the Hub dataset has no ``validation`` split).
         test_files: Files for ``test``; the validation data is used when absent.
         dataset_name: A dataset for ``datasets.load_dataset`` (Hub name or local dir) instead of files.
         dataset_config: Its configuration name.
@@ -175,7 +176,8 @@ class MLMDataModule(L.LightningDataModule):
         forgetting_check_batches: Batches (of ``eval_batch_size``) per forgetting check.
         new_tokens_file: Tokens added to the tokenizer (one per line); linked from ``model.new_tokens_file``.
         pad_to_multiple_of: Pad batches to a multiple of this length.
-        group_by_length: With ``packing: false``, batch lines of similar length together (less padding).
+        group_by_length: With ``packing: false``, batch lines of similar length together (mega-batches of
+            50 batches sorted by length), which removes most padding; every example keeps its masks.
         batch_size: Training examples per batch and device.
         eval_batch_size: Validation/test batch size (default: ``batch_size``).
         num_workers: DataLoader worker processes.
@@ -185,7 +187,8 @@ class MLMDataModule(L.LightningDataModule):
         streaming: Stream the training corpus (larger than memory or disk cache): nothing is cached,
             each rank reads a disjoint part, and ``trainer.max_steps`` sets the length.
         shuffle_buffer_size: Streaming only: documents in the shuffle buffer (file order is shuffled too).
-        streaming_validation_documents: Held-out documents to validate a stream on (no ``validation_files``).
+        streaming_validation_documents: Streaming without ``validation_files``: how many held-out
+            documents (a ``validation_split`` fraction, chosen by a hash of the text) form the validation set.
         forgetting_warning: Warn (once per set) when a validation set but the first ends a validation with a
             perplexity this fraction above its step-0 value (e.g. ``0.2``).
         prepared_dir: Written by ``python -m mlm_adapt prepare``: its blocks are memory-mapped, no raw file

@@ -203,7 +203,7 @@ def all_cores(texts, model_dir) -> list[list[object]]:
     import datasets
     from transformers import AutoTokenizer
 
-    from mlm_adapt.data.preprocess import _tokenize_batch
+    from mlm_adapt.text.alignment import tokenize_with_word_ids
     from mlm_adapt.text.segmentation import Segmenter
 
     datasets.disable_caching()
@@ -214,7 +214,7 @@ def all_cores(texts, model_dir) -> list[list[object]]:
     chars = sum(len(t) for t in data["text"])
     for name, fn, extra in (
         ("naive: jieba.lcut + tokenizer per line", _naive_batch, {}),
-        ("mlm_adapt", _tokenize_batch, {"segmenter": Segmenter()}),
+        ("mlm_adapt", lambda b, **kw: tokenize_with_word_ids(b["text"], **kw), {"segmenter": Segmenter()}),
     ):
         single = None
         for n in sorted({1, procs}):

@@ -168,7 +168,10 @@ _HOLD_SEGMENTER = False  # set by hold_at("segmenting") in the stopped process (
 
 
 def _hold(where: str) -> None:
-    print(f"{HELD} {where} (pid {os.getpid()})", file=sys.stderr, flush=True)
+    # One write of the whole line: print() writes the text and the newline separately, and a signal
+    # handled between the two would glue the command's error line to this one.
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), f"{HELD} {where} (pid {os.getpid()})\n".encode())
     time.sleep(300)
 
 

@@ -1,0 +1,320 @@
+"""Training callbacks: the ones the CLI always adds (:func:`default_callbacks`) and the guard around the
+user's own. Among them: the before/after validation, the scale summary, ``ForgettingWarning`` (when
+adaptation costs too much on a non-primary validation set) and ``ForgettingBudget`` (which moves the
+general-text replay rate so that it does not)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
+
+from mlm_adapt.data.replay import describe_replay
+from mlm_adapt.data.samplers import KeyedDataset
+from mlm_adapt.errors import MLMAdaptError, user_code
+from mlm_adapt.model.metrics import before_after_metrics, metrics_table
+from mlm_adapt.training.resume import ExactResume
+from mlm_adapt.training.signals import StopOnSignal
+
+
+def run_validation(trainer: L.Trainer) -> dict[str, float]:
+    """Runs the fit loop's validation pass now (as ``val_check_interval`` would) and returns its metrics."""
+    loop = trainer.fit_loop.epoch_loop
+    # The same state switches as Lightning's own mid-epoch validation (TrainingEpochLoop.on_advance_end).
+    trainer.validating = True
+    first_loop_iter = trainer._logger_connector._first_loop_iter
+    loop.val_loop.run()
+    trainer.training = True
+    trainer._logger_connector._first_loop_iter = first_loop_iter
+    return before_after_metrics(trainer.callback_metrics)
+
+
+class BeforeAfterValidation(L.Callback):
+    """Validates the unadapted model when ``fit`` starts and the final weights when it ends (unless the
+    last validation ran at the final step); rank 0 prints the before/after table.
+
+    Both are real validation passes of the fit loop, seen by every logger, checkpoint callback and the
+    export. The step-0 metrics are kept in the module (``baseline_metrics``, saved in every checkpoint).
+    """
+
+    @override
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        # Before the first optimizer step rather than in on_train_start: every callback has started by now
+        # (ThroughputMonitor's validation hooks need their train-start state).
+        if trainer.global_step > 0 or getattr(pl_module, "baseline_metrics", None):
+            return  # resumed (or done): the baseline came with the checkpoint
+        pl_module.baseline_metrics = run_validation(trainer)
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if getattr(pl_module, "last_validated_step", -1) != trainer.global_step:
+            run_validation(trainer)
+
+    @override
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        before = dict(getattr(pl_module, "baseline_metrics", None) or {})
+        after = before_after_metrics(trainer.callback_metrics)
+        if before and after and trainer.is_global_zero:
+            print(metrics_table(before, after))
+
+
+class GlobalBatchInfo(L.Callback):
+    """Logs the global batch (``data.batch_size x accumulate_grad_batches x world size``) and tokens per
+    optimizer step (x ``max_seq_length``: exact with packing, an upper bound without) when training
+    starts, to the console (rank 0) and to every logger as metrics at step 0."""
+
+    def __init__(self):
+        self.info: dict[str, int] = {}
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        hparams = getattr(trainer.datamodule, "hparams", {})
+        batch_size = int(hparams.get("batch_size", 0))
+        max_seq_length = int(hparams.get("max_seq_length", 0))
+        global_batch = batch_size * trainer.accumulate_grad_batches * trainer.world_size
+        self.info = {
+            "world_size": trainer.world_size,
+            "num_nodes": trainer.num_nodes,
+            "per_device_batch_size": batch_size,
+            "accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "global_batch_size": global_batch,
+            "tokens_per_step": global_batch * max_seq_length,
+        }
+        rank_zero_info(
+            f"mlm_adapt scale: {trainer.world_size} process(es) on {trainer.num_nodes} node(s) "
+            f"({type(trainer.strategy).__name__}); global batch {global_batch} = {batch_size} per device x "
+            f"{trainer.accumulate_grad_batches} accumulation x {trainer.world_size}; "
+            f"tokens per step {global_batch * max_seq_length:,}"
+        )
+        for logger in trainer.loggers:
+            logger.log_metrics(
+                {f"scale/{k}": float(v) for k, v in self.info.items()}, step=trainer.global_step
+            )
+
+
+# ``val_<name>/perplexity``: a non-primary validation set (the primary one logs ``val/*``).
+_OTHER_SET = re.compile(r"^(val_[^/]+)/perplexity$")
+
+
+def forgotten_sets(
+    baseline: Mapping[str, float], current: Mapping[str, Any], threshold: float
+) -> list[tuple[str, float, float]]:
+    """Non-primary validation sets whose perplexity in ``current`` (floats or scalar tensors) rose by more
+    than ``threshold`` (``0.2``: +20%) over the step-0 ``baseline``, as ``(prefix, before, after)``, e.g.
+    ``("val_general", 50.0, 61.0)``, in ``current``'s order."""
+    rising = []
+    for name, value in current.items():
+        match = _OTHER_SET.match(name)
+        if match and name in baseline:
+            before, after = float(baseline[name]), float(value)
+            if after > before * (1 + threshold):
+                rising.append((match.group(1), before, after))
+    return rising
+
+
+class ForgettingWarning(L.Callback):
+    """Warns once per validation set when its perplexity rises by more than a fraction of its step-0 value.
+
+    The first validation set (``val/*``) is the domain being adapted to; the others (``val_<name>/*``)
+    measure what the model forgets. The step-0 values are the module's ``baseline_metrics``.
+
+    Args:
+        threshold: Allowed relative rise (``0.2``: warn above +20%); ``None`` takes
+            ``data.forgetting_warning`` of the datamodule, and no warning is given when that is unset too.
+    """
+
+    def __init__(self, threshold: float | None = None):
+        if threshold is not None and threshold <= 0:
+            raise MLMAdaptError(
+                f"data.forgetting_warning={threshold} must be > 0, e.g. 0.2 (+20% perplexity)"
+            )
+        self.threshold = threshold
+        self.warned: list[str] = []
+
+    def _threshold(self, trainer: L.Trainer) -> float | None:
+        if self.threshold is not None:
+            return self.threshold
+        hparams = getattr(getattr(trainer, "datamodule", None), "hparams", None) or {}
+        return hparams.get("forgetting_warning")
+
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        threshold = self._threshold(trainer)
+        if trainer.sanity_checking or threshold is None or trainer.state.fn != "fit":
+            return
+        baseline = getattr(pl_module, "baseline_metrics", None) or {}
+        for prefix, before, after in forgotten_sets(baseline, trainer.callback_metrics, threshold):
+            if prefix in self.warned:
+                continue
+            self.warned.append(prefix)
+            rank_zero_warn(
+                f"forgetting: {prefix}/perplexity rose {after / before - 1:.0%} over its step-0 value "
+                f"({before:.4g} -> {after:.4g}) at step {trainer.global_step}, more than "
+                f"data.forgetting_warning={threshold}; replay general text (data.mix_files with "
+                "data.mix_probability, or data.forgetting_budget) or lower the learning rate"
+            )
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"warned": list(self.warned)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.warned = list(state_dict.get("warned", []))
+
+
+class ForgettingBudget(L.Callback):
+    """Holds forgetting to ``data.forgetting_budget`` by moving the general-text mix rate during the run.
+
+    Every ``data.forgetting_check_interval`` optimizer steps (and before the first) the perplexity of the
+    first ``data.forgetting_check_batches`` batches of the general validation set goes to the DataModule's
+    :class:`~mlm_adapt.data.replay.Replay`, which sets the rate of the next steps. It runs before
+    ModelCheckpoint (Lightning orders checkpoint callbacks last), so a checkpoint of step ``s`` holds the
+    rate decided at ``s``. Inactive unless the DataModule has a budget.
+    """
+
+    def _replay(self, trainer: L.Trainer) -> Any:
+        replay = getattr(trainer.datamodule, "replay", None)
+        return replay if replay is not None and replay.budget is not None else None
+
+    def interval(self, trainer: L.Trainer) -> int:
+        """Steps between checks: ``data.forgetting_check_interval``, else a twentieth of the run."""
+        configured = trainer.datamodule.hparams.get("forgetting_check_interval")
+        return configured or max(1, int(trainer.estimated_stepping_batches) // 20)
+
+    def general_perplexity(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
+        """Perplexity of the check's batches (fixed validation masks), rank 0's value. No DataLoader (its
+        iterator would draw from the global random stream) and no dropout: the same for the same weights."""
+        datamodule = trainer.datamodule
+        name = datamodule.validation_set_names[1]
+        dataset = KeyedDataset(datamodule.val_datasets[name])
+        size = datamodule.hparams.eval_batch_size or datamodule.hparams.batch_size
+        end = min(len(dataset), size * datamodule.hparams.forgetting_check_batches)
+        modes = {module: module.training for module in pl_module.modules()}
+        pl_module.eval()
+        loss, count = torch.zeros((), dtype=torch.float64), 0
+        try:
+            with torch.no_grad(), trainer.precision_plugin.val_step_context():
+                for start in range(0, end, size):
+                    batch = datamodule.collator([dataset[i] for i in range(start, min(end, start + size))])
+                    batch = {k: v.to(pl_module.device) for k, v in batch.items()}
+                    logits, labels = pl_module.masked_logits(batch)
+                    loss += F.cross_entropy(logits.float(), labels, reduction="sum").double().cpu()
+                    count += labels.numel()
+        finally:
+            for module, training in modes.items():
+                module.train(training)
+        perplexity = math.exp(float(loss) / max(count, 1))
+        return float(trainer.strategy.broadcast(perplexity, src=0))
+
+    def _check(self, trainer: L.Trainer, pl_module: L.LightningModule, replay: Any) -> None:
+        step = trainer.global_step
+        perplexity = self.general_perplexity(trainer, pl_module)
+        old, new = replay.update(step, perplexity)
+        name = trainer.datamodule.validation_set_names[1]
+        if len(replay.checks) == 1:
+            rank_zero_info(
+                f"mlm_adapt replay: step {step}: val_{name} check perplexity {perplexity:.4g} (the baseline "
+                f"of data.forgetting_budget={replay.budget}); mix rate {new:g}"
+            )
+        elif new != old:
+            rank_zero_info(
+                f"mlm_adapt replay: step {step}: val_{name} check perplexity {perplexity:.4g}, "
+                f"{replay.rise(perplexity):+.1%} over step 0 (budget +{replay.budget:.0%}): "
+                f"mix rate {old:g} -> {new:g}"
+            )
+
+    @override
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        replay = self._replay(trainer)
+        if replay is not None and replay.baseline is None and trainer.global_step == 0:
+            self._check(trainer, pl_module, replay)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        replay = self._replay(trainer)
+        step = trainer.global_step
+        if replay is None or step == 0 or step % self.interval(trainer):
+            return
+        if replay.checks and replay.checks[-1].step >= step:
+            return  # gradient accumulation: the step's other batches end here too
+        self._check(trainer, pl_module, replay)
+
+    @override
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        replay = self._replay(trainer)
+        if replay is None or not trainer.is_global_zero:
+            return
+        if summary := replay.summary():
+            print(f"forgetting budget: {describe_replay(summary)}")
+
+
+def default_callbacks() -> list[L.Callback]:
+    """Callbacks the CLI always adds (persistent ``trainer_defaults``); the forgetting ones act only when
+    ``data.forgetting_warning``/``data.forgetting_budget`` are set.
+
+    ``BeforeAfterValidation`` comes before ``ExactResume``: its step-0 validation runs in the first
+    ``on_train_batch_start``, and ExactResume's reseeding after it keeps dropout independent of it.
+    """
+    return [
+        BeforeAfterValidation(),
+        ExactResume(),
+        GlobalBatchInfo(),
+        ForgettingWarning(),
+        ForgettingBudget(),
+        StopOnSignal(),
+    ]
+
+
+# Every hook Lightning calls on a callback (on_*, setup, teardown, state_dict, load_state_dict, ...).
+HOOKS = tuple(
+    name for name, value in vars(L.Callback).items() if not name.startswith("_") and inspect.isfunction(value)
+)
+_OWN_PACKAGES = ("mlm_adapt", "lightning", "lightning_fabric", "pytorch_lightning")
+HINT = "a callback stops training with trainer.should_stop = True or raises an error, never exits"
+
+
+class GuardedHook:
+    """One overridden hook of a user's callback, called inside :func:`~mlm_adapt.errors.user_code`;
+    picklable (the callback and the hook's name), as the callback is."""
+
+    def __init__(self, callback: L.Callback, name: str, who: str):
+        self.callback = callback
+        self.name = name
+        self.who = who
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        owner = type(self.callback)
+        method = inspect.getattr_static(owner, self.name).__get__(self.callback, owner)
+        with user_code(f"{self.who}.{self.name}", HINT):
+            return method(*args, **kwargs)
+
+
+def guard_user_callbacks(callbacks: Iterable[L.Callback]) -> None:
+    """Routes every hook a user's callback (not mlm_adapt's or Lightning's) overrides through
+    :class:`GuardedHook`, in place: its ``exit()`` or ``KeyboardInterrupt`` is then a failure of that
+    callback, one line naming the class and the hook. Lightning would treat a ``KeyboardInterrupt`` as
+    Ctrl-C (status 1) and let ``exit(0)`` end the command with status 0, as if training had finished."""
+    for callback in callbacks:
+        cls = type(callback)
+        if cls.__module__.split(".")[0] in _OWN_PACKAGES:
+            continue
+        who = f"trainer.callbacks: {cls.__module__}.{cls.__qualname__}"
+        for name in HOOKS:
+            overridden = inspect.getattr_static(cls, name, None) is not vars(L.Callback)[name]
+            if overridden and not isinstance(vars(callback).get(name), GuardedHook):
+                setattr(callback, name, GuardedHook(callback, name, who))
