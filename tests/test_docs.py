@@ -1,4 +1,5 @@
-"""README.md and docs/*.md stay true: every repository path they name exists (docs go stale silently)."""
+"""README.md, docs/*.md and docstrings stay true: every repository path and dotted mlm_adapt name they
+give exists (docs go stale silently)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,18 @@ def real_module_prefix(dotted: str) -> bool:
             found = getattr(found, name)
         return True
     return False
+
+
+SOURCES = [*DOCUMENTS, *sorted((REPO / "mlm_adapt").rglob("*.py")), *sorted((REPO / "scripts").rglob("*.py"))]
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.relative_to(REPO).as_posix())
+def test_every_dotted_name_resolves(source):
+    """A ``mlm_adapt.a.b`` named in a document, a docstring or a comment is a real module or a name in one:
+    after a module is merged into another, references to the old one are found here, not by a reader."""
+    names = set(DOTTED_MODULE.findall(source.read_text(encoding="utf-8")))
+    unknown = sorted(name for name in names if not real_module_prefix(name))
+    assert not unknown, f"{source.relative_to(REPO)} names what mlm_adapt does not hold: {unknown}"
 
 
 def yaml_snippets() -> list[tuple[str, str]]:

@@ -6,7 +6,7 @@
 - ``vocab``: the characters the model's vocabulary lacks (``[UNK]``; ``--output_tokens`` for
   ``model.new_tokens_file``) and the domain terms ``data.segmenter`` splits, so that whole-word masking never
   masks them whole (``--output_dict``, a jieba user dictionary for ``data.user_dict``); see
-  :mod:`mlm_adapt.text.terms`.
+  :mod:`mlm_adapt.text.tokenizer`.
 """
 
 from __future__ import annotations
