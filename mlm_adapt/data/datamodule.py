@@ -43,6 +43,12 @@ from mlm_adapt.text.tokenizer import load_tokenizer
 PREPROCESS_LOCK = "preprocessing"
 
 
+def _check_at_least(hp: Any, least: dict[str, int]) -> None:
+    for key, bound in least.items():
+        if hp[key] is not None and hp[key] < bound:
+            raise MLMAdaptError(f"data.{key}={hp[key]} must be at least {bound}")
+
+
 def check_arguments(hp: Any) -> tuple[MaskingSchedule, MaskingSchedule, ValidationSets]:
     """Refuses, in one line naming the key, what torch or datasets would reject only after preprocessing
     (or never), before any data is read; returns the masking and mix-rate schedules and the sets."""
@@ -79,12 +85,8 @@ def check_arguments(hp: Any) -> tuple[MaskingSchedule, MaskingSchedule, Validati
         "preprocessing_num_workers": 1,
         "pad_to_multiple_of": 1,
         "shuffle_buffer_size": 0,  # 0 and 1: no shuffle buffer
-        "forgetting_check_interval": 1,
-        "forgetting_check_batches": 1,
     }
-    for key, least in sizes.items():
-        if hp[key] is not None and hp[key] < least:
-            raise MLMAdaptError(f"data.{key}={hp[key]} must be at least {least}")
+    _check_at_least(hp, sizes)
     if max(rate for _, rate in mix.points) > 0 and not hp.mix_files:
         raise MLMAdaptError("data.mix_probability > 0 needs data.mix_files (general-domain text files)")
     if hp.prepared_dir and hp.streaming:
@@ -98,12 +100,13 @@ def check_arguments(hp: Any) -> tuple[MaskingSchedule, MaskingSchedule, Validati
             f"data.forgetting_warning={hp.forgetting_warning} must be > 0, e.g. 0.2 (+20% perplexity)"
         )
     sets = ValidationSets(hp.validation_files)
-    # A forgetting budget the run could not hold: no general text, no general set.
-    budget = hp.forgetting_budget
     if not 0.0 < hp.max_mix_rate < 1.0:
         raise MLMAdaptError(f"data.max_mix_rate={hp.max_mix_rate} must be in (0, 1), e.g. 0.5")
+    _check_at_least(hp, {"forgetting_check_interval": 1, "forgetting_check_batches": 1})
+    budget = hp.forgetting_budget
     if budget is None:
         return schedule, mix, sets
+    # A forgetting budget the run could not hold: no general text, no general set.
     if not budget > 0 or math.isinf(budget):
         raise MLMAdaptError(f"data.forgetting_budget={budget} must be > 0, e.g. 0.2 (+20% perplexity)")
     if not hp.mix_files:
@@ -403,7 +406,9 @@ class MLMDataModule(L.LightningDataModule):
         blocks = self.blocks(raw)
         self.train_dataset = blocks["train"]
         self._set_eval_datasets(blocks)
-        counts = {split: split_counts(raw[split], blocks[split]) for split in blocks}
+        # Tokens and characters are summed for train only: the statistics name no other split's.
+        counts = {split: {"documents": len(raw[split]), "blocks": len(blocks[split])} for split in blocks}
+        counts["train"] = split_counts(raw["train"], blocks["train"])
         self.corpus_stats = corpus_stats(counts, self.validation_sets.splits)
         rank_zero_info(
             f"mlm_adapt data: {describe_stats(self.corpus_stats)}"

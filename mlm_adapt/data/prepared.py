@@ -123,6 +123,11 @@ def describe_stats(stats: dict[str, int]) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in stats.items())
 
 
+def _dtypes(schema: pa.Schema) -> dict[str, str]:
+    """A block schema's element type per column, as a manifest records it."""
+    return {field.name: str(field.type.value_type) for field in schema}
+
+
 def _column_types(schema: pa.Schema) -> str:
     """``input_ids uint16, word_ids int16``: a block schema as a message shows it."""
     return ", ".join(f"{field.name} {getattr(field.type, 'value_type', field.type)}" for field in schema)
@@ -439,7 +444,7 @@ def prepare_corpus(
             "format_version": FORMAT_VERSION,
             "settings": prepared_settings(hp, tokenizer, sets),
             "validation_sets": dict(sets.splits),
-            "dtypes": {field.name: str(field.type.value_type) for field in schema},
+            "dtypes": _dtypes(schema),
             "corpus_fingerprint": blocks_fingerprint(blocks["train"]),
             "test_files": test_files_record(hp.test_files),
             "preprocessing_num_workers": hp.preprocessing_num_workers,
@@ -571,7 +576,7 @@ def _load_one(path: Path, settings: dict, vocab_size: int) -> tuple[datasets.Dat
     """One prepared directory (or part), checked whole: manifest, settings, then every shard."""
     manifest = _checked_manifest(path, settings)
     schema = block_schema(vocab_size, settings["max_seq_length"])
-    if manifest["dtypes"] != {field.name: str(field.type.value_type) for field in schema}:
+    if manifest["dtypes"] != _dtypes(schema):
         raise MLMAdaptError(
             f"data.prepared_dir: {path}: dtypes {manifest['dtypes']} where this tokenizer's blocks are "
             f"{_column_types(schema)}; the directory was altered or prepared for another model: prepare "

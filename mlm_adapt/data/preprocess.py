@@ -35,9 +35,14 @@ from mlm_adapt.text.blocks import PackedBlocks, pack_blocks
 from mlm_adapt.text.segmentation import WordSegmenter
 from mlm_adapt.text.tokenizer import block_special_ids
 
-BLOCK_FEATURES = datasets.Features(
-    {"input_ids": datasets.List(datasets.Value("int32")), "word_ids": datasets.List(datasets.Value("int32"))}
-)
+
+def _block_columns(ids: str, words: str) -> datasets.Features:
+    return datasets.Features(
+        {"input_ids": datasets.List(datasets.Value(ids)), "word_ids": datasets.List(datasets.Value(words))}
+    )
+
+
+BLOCK_FEATURES = _block_columns("int32", "int32")
 
 # Documents per batch of the map function: packing restarts at each batch. ``datasets``' default map batch
 # size, which earlier releases packed by: prepared directories keep their blocks.
@@ -49,9 +54,7 @@ def block_features(vocab_size: int, max_seq_length: int) -> datasets.Features:
     (block word ids are compact, below ``max_seq_length``)."""
     ids = "uint16" if vocab_size <= 2**16 else "int32"
     words = "int16" if max_seq_length < 2**15 else "int32"
-    return datasets.Features(
-        {"input_ids": datasets.List(datasets.Value(ids)), "word_ids": datasets.List(datasets.Value(words))}
-    )
+    return _block_columns(ids, words)
 
 
 def block_schema(vocab_size: int, max_seq_length: int) -> pa.Schema:

@@ -79,14 +79,15 @@ def replace_rows(
             # Only a collator other than the training one could leave a column out.
             raise MLMAdaptError(f"replayed rows lack the batch column {key!r}")
         new = other[key]
-        if value.dim() == 2:
+        if value.dim() == 2:  # F.pad returns a new tensor: the batch's own stays untouched
             pad = pad_token_id if key == "input_ids" else _PAD.get(key, 0)
             value = F.pad(value, (0, length - value.shape[1]), value=pad)
             new = F.pad(new, (0, length - new.shape[1]), value=pad)
         elif value.dim() == 0:
             merged[key] = value
             continue
-        value = value.clone()
+        else:
+            value = value.clone()
         value[index] = new.to(value.dtype)
         merged[key] = value
     return merged

@@ -100,7 +100,9 @@ def keyed_item(row: dict[str, Any], example_id: int, epoch: int, mask_rate: floa
         "example_id": example_id,
         "epoch": epoch,
     }
-    return item if mask_rate is None else {**item, "mask_rate": mask_rate}
+    if mask_rate is not None:
+        item["mask_rate"] = mask_rate
+    return item
 
 
 def train_sampler(

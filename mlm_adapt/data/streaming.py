@@ -126,10 +126,10 @@ class StreamingCorpus:
     validation documents, a ``validation_split`` fraction (0: none), are held out by a hash of their text."""
 
     def __init__(
-        self, documents: datasets.IterableDataset, validation_split: float, seed: int, files: list[str] | None
+        self, documents: datasets.IterableDataset, validation_split: float, seed: int, files: list[str]
     ):
         self.documents = documents
-        self.files = files or []
+        self.files = files
         self.validation_split = validation_split
         self.seed = seed
 

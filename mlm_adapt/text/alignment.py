@@ -41,7 +41,6 @@ from transformers import PreTrainedTokenizerBase
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.segmentation import WordSegmenter
 
-SPECIAL_WORD_ID = -1
 # Bumped whenever the tokens or word ids produced for a text change: it is part of the datasets cache
 # fingerprint (see mlm_adapt.data.preprocess), so caches written by an older version are not reused.
 TOKENIZATION_VERSION = 3
@@ -133,7 +132,8 @@ def _char_words(joined: str, lengths: np.ndarray, words: Sequence[Sequence[str]]
 
 
 def _join_back_error(joined: str, lengths: np.ndarray, words: Sequence[Sequence[str]]) -> MLMAdaptError:
-    """The one line for words that do not join back (a segmenter used without :class:`Segmentation`)."""
+    """The one line for words that do not join back (a segmenter used without
+    :class:`~mlm_adapt.text.segmentation.Segmentation`)."""
     start = 0
     for length, text_words in zip(lengths.tolist(), words, strict=False):
         text = joined[start : start + length]
@@ -182,7 +182,7 @@ def token_spans(texts: Sequence[str], tokenizer: PreTrainedTokenizerBase) -> Tok
             return spans
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and backend.truncation is None and backend.padding is None:
-        encodings = _encode(backend.encode_batch, backend, texts)
+        encodings = _encode(backend, texts)
         ids = [e.ids for e in encodings]
         offsets = [e.offsets for e in encodings]
     else:  # the public call: it switches a saved truncation/padding setting off
@@ -208,8 +208,10 @@ def flatten(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     return np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(counts.sum())), counts
 
 
-def _encode(encode: Any, backend: Any, texts: Sequence[str]) -> list:
-    """``encode(texts)`` of the Rust tokenizer, with text as text: "[MASK]" in a document is no mask token."""
+def _encode(backend: Any, texts: Sequence[str], offsets: bool = True) -> list:
+    """The Rust tokenizer's ``encode_batch`` (without ``offsets``: ``encode_batch_fast``) of ``texts``, with
+    text as text: "[MASK]" in a document is no mask token."""
+    encode = backend.encode_batch if offsets else backend.encode_batch_fast
     matching = backend.encode_special_tokens
     backend.encode_special_tokens = True
     try:
@@ -416,7 +418,7 @@ class _ByteTable:
         """The batch's tokens and spans, or ``None`` when this batch needs the tokenizer's own offsets."""
         if self.nfc and not all(unicodedata.is_normalized("NFC", text) for text in texts):
             return None
-        encodings = _encode(self.backend.encode_batch_fast, self.backend, texts)
+        encodings = _encode(self.backend, texts, offsets=False)
         flat_ids, counts = flatten([e.ids for e in encodings])
         if (len(flat_ids) and flat_ids.max() >= len(self.byte_length)) or np.isin(
             flat_ids, self.control

@@ -17,7 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlm_adapt.text.alignment import SPECIAL_WORD_ID, flatten
+from mlm_adapt.text.alignment import flatten
+
+# The word id of special tokens and padding: never part of a masking unit.
+SPECIAL_WORD_ID = -1
 
 
 @dataclass
@@ -178,7 +181,8 @@ def build_blocks(
     packing: bool,
     document_delimiters: bool = False,
 ) -> dict[str, list[list[int]]]:
-    """:func:`pack_blocks` for per-document lists, as :func:`tokenize_with_word_ids` gives them.
+    """:func:`pack_blocks` for per-document lists, as
+    :func:`~mlm_adapt.text.alignment.tokenize_with_word_ids` gives them.
 
     ``input_ids`` are the token ids per document (no special tokens), ``word_ids`` their word ids (``>= 0``,
     increasing along each document); the other arguments are :func:`pack_blocks`'. Returns

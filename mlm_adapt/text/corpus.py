@@ -65,20 +65,23 @@ def encoding_error(path: str, key: str) -> MLMAdaptError | None:
     if b"\x00" in head:
         return MLMAdaptError(f"{key}: {path} is not a text file (it holds NUL bytes); give UTF-8 text files")
     with open(path, "rb") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            try:
-                line.decode("utf-8")
-            except UnicodeDecodeError:
-                try:
-                    line.decode("gb18030")
-                    hint = f"convert it, e.g. iconv -f GB18030 -t UTF-8 {path} > {converted}"
-                except UnicodeDecodeError:
-                    hint = (
-                        f"find its encoding (e.g. file -i {path}) and convert it with "
-                        "iconv -f ENCODING -t UTF-8"
-                    )
-                return MLMAdaptError(f"{key}: {path} line {lineno} is not UTF-8; {hint}")
-    return None
+        bad = next(((n, line) for n, line in enumerate(handle, start=1) if not _decodes(line, "utf-8")), None)
+    if bad is None:
+        return None
+    lineno, line = bad
+    if _decodes(line, "gb18030"):
+        hint = f"convert it, e.g. iconv -f GB18030 -t UTF-8 {path} > {converted}"
+    else:
+        hint = f"find its encoding (e.g. file -i {path}) and convert it with iconv -f ENCODING -t UTF-8"
+    return MLMAdaptError(f"{key}: {path} line {lineno} is not UTF-8; {hint}")
+
+
+def _decodes(line: bytes, encoding: str) -> bool:
+    try:
+        line.decode(encoding)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def json_error(path: str, key: str) -> MLMAdaptError | None:

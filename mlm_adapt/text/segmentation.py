@@ -152,6 +152,7 @@ class Segmenter:
     def _build(self):
         if self.backend == "rjieba":
             impl = rjieba.Jieba()
+            cut = impl.cut  # called directly per text: the hot path of preprocessing
         else:
             import jieba  # noqa: PLC0415 (the reference backend: a slow import, only when chosen)
 
@@ -159,10 +160,13 @@ class Segmenter:
             impl = jieba.Tokenizer()
             impl.tmp_dir = str(jieba_cache_dir())
             impl.initialize()
+
+            def cut(text: str, hmm: bool) -> list[str]:
+                return impl.lcut(text, HMM=hmm)
+
         for word, freq, tag in self._entries:
             impl.add_word(word, freq, tag)
-        # rjieba's cut is called directly per text: the hot path of preprocessing.
-        return impl.cut if self.backend == "rjieba" else lambda text, hmm: impl.lcut(text, HMM=hmm)
+        return cut
 
     def __call__(self, text: str) -> list[str]:
         """Returns the words of ``text`` in order; joined they give ``text`` back."""

@@ -151,10 +151,9 @@ def main() -> None:
     print(f"# {machine()}; best of {args.repeats} runs per figure; load before: {os.getloadavg()[0]:.1f}")
     print(f"# corpus: {corpus.stat().st_size / 1e6:.0f} MB, {len(texts)} documents, {mchar:.1f} Mchar\n")
     rows, ratios = [], []
-    rjieba_times, rows, ratios = [], [], []
     for kind in args.families:
         model = build_family(kind, args.workdir)
-        tokenizer_times, map_times, tries = [], [], {1: [], args.processes: []}
+        rjieba_times, tokenizer_times, map_times, tries = [], [], [], {1: [], args.processes: []}
         # Rounds interleave every measure, so a machine whose speed drifts during the run (a shared VM)
         # biases none of the ratios; each figure is then the best of its rounds.
         for _ in range(args.repeats):
