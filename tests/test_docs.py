@@ -49,15 +49,13 @@ def test_every_named_path_exists(document):
 
 def test_architecture_names_every_module_and_only_real_ones():
     """docs/architecture.md is the map: each module by its repository path, so a new module or a rename
-    is caught here (a dotted ``mlm_adapt.a.b`` name must start with a real module too)."""
+    is caught here (its dotted names are checked with every document's)."""
     text = ARCHITECTURE.read_text(encoding="utf-8")
     modules = {path.relative_to(REPO).as_posix() for path in (REPO / "mlm_adapt").rglob("*.py")}
     named = set(MODULE_PATH.findall(text))
     assert not modules - named, f"docs/architecture.md does not name {sorted(modules - named)}"
     stale = sorted(named - modules)
     assert not stale, f"docs/architecture.md names modules that do not exist: {stale}"
-    unknown = sorted(name for name in DOTTED_MODULE.findall(text) if not real_module_prefix(name))
-    assert not unknown, f"docs/architecture.md names modules that do not exist: {unknown}"
 
 
 def real_module_prefix(dotted: str) -> bool:

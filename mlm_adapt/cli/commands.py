@@ -17,14 +17,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import jsonargparse
 import transformers
+import yaml
 from jsonargparse import ArgumentParser
 
 from mlm_adapt.cli.data_only import prepare_main, preview_main, vocab_main
 from mlm_adapt.cli.fill_mask import fill_mask_main
-from mlm_adapt.cli.fit import MLMAdaptCLI
+from mlm_adapt.cli.fit import ABOUT, MLMAdaptCLI
 from mlm_adapt.cli.plot import plot_main
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import (
@@ -38,8 +40,8 @@ from mlm_adapt.errors import (
 )
 from mlm_adapt.export.callback import export_checkpoint
 from mlm_adapt.export.writer import ExportOptions
-from mlm_adapt.guard.loads import bound_yaml
-from mlm_adapt.guard.outputs import published
+from mlm_adapt.guard.loads import check_yaml_expansion
+from mlm_adapt.guard.outputs import forget_published, missing_published
 from mlm_adapt.model.metrics import metrics_table
 from mlm_adapt.training.signals import STOP, install_stop_handlers, stop_now
 
@@ -126,8 +128,7 @@ def description() -> str:
     """The top-level ``--help`` text: what the tool does and every command beyond fit/validate/test."""
     others = "; ".join(f"{name}: {command.summary}" for name, command in COMMANDS.items())
     return (
-        "Domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family models. "
-        f"Trainer commands below; also {others} (python -m mlm_adapt COMMAND --help). Errors are one "
+        f"{ABOUT} Trainer commands below; also {others} (python -m mlm_adapt COMMAND --help). Errors are one "
         f"line; add --debug (or set {DEBUG_ENV}=1) for the traceback."
     )
 
@@ -174,10 +175,27 @@ def _stopped(command: str) -> None:
     sys.exit(STOP.exit_code)
 
 
+def bound_yaml() -> None:
+    """Every YAML jsonargparse loads (``--config`` files, values) passes
+    :func:`~mlm_adapt.guard.loads.check_yaml_expansion`."""
+    load = jsonargparse.get_loader("yaml")
+    if getattr(load, "bounded", False):
+        return
+
+    def load_bounded(text: str) -> Any:
+        if isinstance(text, str):
+            check_yaml_expansion(text)
+        return load(text)
+
+    load_bounded.bounded = True  # type: ignore[attr-defined]
+    # The exceptions jsonargparse expects from its YAML loader (it then treats the value as a string).
+    jsonargparse.set_loader("yaml", load_bounded, exceptions=(yaml.YAMLError,))
+
+
 def _run(entry: Callable[[list[str]], object], args: list[str], usage: str) -> None:
     # No signal recorded, whatever an earlier command in this process (from Python, in tests) received.
     STOP.reset()
-    published.clear()
+    forget_published()
     command = usage or "mlm_adapt"
     with stop_signals():
         try:
@@ -200,7 +218,7 @@ def _run(entry: Callable[[list[str]], object], args: list[str], usage: str) -> N
 
 def _check_published(command: str) -> None:
     """Exit 0 only when what the command published is there: its manifest or export marker."""
-    missing = [(output, proof) for output, proof in published if not proof.is_file()]
+    missing = missing_published()
     if missing:
         output, proof = missing[0]
         print(

@@ -4,9 +4,9 @@
 - ``prepare``: the corpus segmented, tokenized and packed once, on a CPU node; ``fit --data.prepared_dir
   DIR`` then reads only DIR (memory-mapped shards), and no rank waits on jieba.
 - ``vocab``: the characters the model's vocabulary lacks (``[UNK]``; ``--output_tokens`` for
-  ``model.new_tokens_file``) and the domain terms ``data.segmenter`` splits, so that whole-word masking never
-  masks them whole (``--output_dict``, a jieba user dictionary for ``data.user_dict``); see
-  :mod:`mlm_adapt.text.tokenizer`.
+  ``model.new_tokens_file``) and the domain terms ``data.segmenter`` splits, which whole-word masking
+  therefore never masks whole (``--output_dict`` writes them as a jieba user dictionary for
+  ``data.user_dict``); see :mod:`mlm_adapt.text.tokenizer`.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from mlm_adapt.training.resume import (
     root_loggers,
 )
 
+ABOUT = "Domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family models."
 _GIVEN = re.compile(r"Given value: (.*)")
 _CLASS_PATH = re.compile(r"Problem with given class_path '([^']*)':\s*\n\s*(.+)")
 # jsonargparse names the class only when the value is a mapping; a class path string is the given value.
@@ -88,8 +89,7 @@ class MLMAdaptCLI(LightningCLI):
         kwargs.setdefault("auto_configure_optimizers", False)
         # Appended to any configured callbacks: exact resume, batch summary, before/after validation.
         kwargs.setdefault("trainer_defaults", {"callbacks": default_callbacks()})
-        about = "Domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family models."
-        parser_kwargs = kwargs.get("parser_kwargs", {"prog": "python -m mlm_adapt", "description": about})
+        parser_kwargs = kwargs.get("parser_kwargs", {"prog": "python -m mlm_adapt", "description": ABOUT})
         # Parser errors are raised (ArgumentError), for the CLI's one-line error boundary to report.
         kwargs["parser_kwargs"] = {"exit_on_error": False, **parser_kwargs}
         super().__init__(MaskedLMModule, MLMDataModule, *args, **kwargs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import lightning as L
@@ -41,7 +42,8 @@ class DownstreamEvaluation(L.Callback):
         batch_size: Rows per forward pass.
         max_train_examples: At most this many training examples per task (a seeded subset; default: all).
         max_test_examples: Score at most this many test examples per task (seeded subset; default: all).
-        every_n_validations: Score step 0, every n-th validation of ``fit`` and its end (probe only).
+        every_n_validations: Score at step 0, then at every n-th validation of ``fit`` and at its end
+            (the probe; ``finetune`` scores at step 0 and at the end only).
         finetune_steps: Optimizer steps of each fine-tune.
         finetune_lr: AdamW learning rate of each fine-tune (linear decay, 10% warmup).
         finetune_batch_size: Examples per fine-tuning step.
@@ -139,7 +141,9 @@ class DownstreamEvaluation(L.Callback):
         length = self.max_length or pl_module.hparams.get("max_seq_length") or 512
         self.prepare(self._tokenizer(trainer, pl_module), min(length, limit, 512))
 
-    def evaluate(self, model: torch.nn.Module, forward_context: ForwardContext = None) -> dict[str, float]:
+    def evaluate(
+        self, model: torch.nn.Module, forward_context: ForwardContext = nullcontext
+    ) -> dict[str, float]:
         """Scores every task with ``model`` (a Hugging Face masked LM, left unchanged); metric name -> value.
 
         ``forward_context`` makes the context each forward pass runs in (e.g. the trainer's autocast).

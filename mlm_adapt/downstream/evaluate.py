@@ -105,7 +105,7 @@ class TaskEvaluator:
         l2: float = 1e-3,
         batch_size: int = 64,
         bootstrap: int = 200,
-        forward_context: ForwardContext = None,
+        forward_context: ForwardContext = nullcontext,
         dtype: torch.dtype = torch.float32,
         progress: Progress = SILENT,
     ) -> tuple[Score, Score]:
@@ -135,7 +135,7 @@ class TaskEvaluator:
         steps: int = 200,
         lr: float = 5e-5,
         batch_size: int = 16,
-        forward_context: ForwardContext = None,
+        forward_context: ForwardContext = nullcontext,
         progress: Progress = SILENT,
     ) -> tuple[Score, Score]:
         """Mean and std over ``seeds`` short fine-tunes of copies of ``model`` (left unchanged), each with
@@ -180,11 +180,10 @@ class TaskEvaluator:
                 if len(order) < batch_size:
                     order += torch.randperm(len(self.train), generator=generator).tolist()
                 index, order = order[:batch_size], order[batch_size:]
-                batch = pad(self.train, index, self.tokenizer, device)
-                batch = {k: v for k, v in batch.items() if k in MODEL_INPUTS}
+                batch = pad(self.train, index, self.tokenizer, device, keys=MODEL_INPUTS)
                 width = batch["input_ids"].shape[1]
                 batch["labels"] = self.kind.batch_labels(self.train, index, width).to(device)
-                with forward_context() if forward_context else nullcontext():
+                with forward_context():
                     loss = classifier(**batch).loss
                 loss.backward()
                 optimizer.step()
@@ -201,7 +200,7 @@ class TaskEvaluator:
         device = next(classifier.parameters()).device
         preds, placed = [], []
         for index, batch in batches(self.test, self.tokenizer, 64, device):
-            with forward_context() if forward_context else nullcontext():
+            with forward_context():
                 logits = classifier(**{k: v for k, v in batch.items() if k in MODEL_INPUTS}).logits
             preds.append(self.kind.predictions(logits, self.test, index).cpu())
             placed.extend(p for i in index for p in self.test.placed[i])

@@ -24,7 +24,7 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # (example, unit) that one feature or prediction belongs to: unit 0 for a text, the word index for words.
 Place = tuple[int, int]
 # Makes the context each forward pass runs in (e.g. the trainer's autocast).
-ForwardContext = Callable[[], AbstractContextManager] | None
+ForwardContext = Callable[[], AbstractContextManager]
 
 
 @dataclass
@@ -52,11 +52,15 @@ def example_order(placed: Sequence[Place]) -> list[int]:
 
 
 def pad(
-    encoding: Encoding, index: list[int], tokenizer: PreTrainedTokenizerBase, device: torch.device
+    encoding: Encoding,
+    index: list[int],
+    tokenizer: PreTrainedTokenizerBase,
+    device: torch.device,
+    keys: Sequence[str] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The rows ``index`` as one padded batch on ``device``."""
+    """The rows ``index`` as one padded batch on ``device`` (only its ``keys``, if given)."""
     batch = tokenizer.pad([encoding.rows[i] for i in index], return_tensors="pt")
-    return {k: v.to(device) for k, v in batch.items()}
+    return {k: v.to(device) for k, v in batch.items() if keys is None or k in keys}
 
 
 def batches(
@@ -96,7 +100,7 @@ def extract_features(
     layers: Sequence[int] = (-1,),
     pooling: Pooling = "mean",
     batch_size: int = 64,
-    forward_context: ForwardContext = None,
+    forward_context: ForwardContext = nullcontext,
     dtype: torch.dtype = torch.float32,
     advance: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[Place]]:
@@ -114,7 +118,7 @@ def extract_features(
     feats, targets, placed = [], [], []
     try:
         for index, batch in batches(encoding, tokenizer, batch_size, device):
-            with forward_context() if forward_context else nullcontext():
+            with forward_context():
                 states = layer_states(encoder, batch, layers)
             chosen, chosen_targets = select(states, batch, index, encoding, pooling)
             feats.append(chosen.to(dtype).cpu())
@@ -137,11 +141,12 @@ class _Standardized:
     weight: torch.Tensor | None = None
 
     def _standardize(self, x: torch.Tensor, fit: bool = False) -> torch.Tensor:
+        x = x.double()
         if fit:
-            self.mean, self.scale = x.double().mean(0), x.double().std(0).clamp(min=1e-6)
+            self.mean, self.scale = x.mean(0), x.std(0).clamp(min=1e-6)
         elif self.weight is None:
             raise RuntimeError(f"{type(self).__name__}.predict before fit")
-        return (x.double() - self.mean) / self.scale
+        return (x - self.mean) / self.scale
 
 
 class LinearProbe(_Standardized):

@@ -26,7 +26,7 @@ from mlm_adapt.data.replay import replay_summary
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import ExportInfo, val_metrics_at
-from mlm_adapt.export.writer import ExportOptions, check_hub_access, push_folder, write_export
+from mlm_adapt.export.writer import ExportOptions, check_hub_access, write_export
 from mlm_adapt.guard.outputs import Output, check_output
 from mlm_adapt.model.checkpoints import (
     callback_state,
@@ -237,9 +237,12 @@ class HFExport(ExportOptions, L.Callback):
         if metrics:
             self.val_history[trainer.global_step] = metrics
         # The callback keeps the best weights itself when no ModelCheckpoint monitors ``monitor``.
-        keeps_best = self.enabled and self.checkpoint == "best" and trainer.is_global_zero
         keeps_best = (
-            keeps_best and isinstance(trainer.strategy, WHOLE_WEIGHTS) and not self._monitoring(trainer)
+            self.enabled
+            and self.checkpoint == "best"
+            and trainer.is_global_zero
+            and isinstance(trainer.strategy, WHOLE_WEIGHTS)
+            and not self._monitoring(trainer)
         )
         if keeps_best and self.monitor in trainer.callback_metrics:
             value = float(trainer.callback_metrics[self.monitor])
@@ -325,9 +328,7 @@ class HFExport(ExportOptions, L.Callback):
             source=source,
             global_step=step,
             epoch=epoch,
-            license=self.license,
-            tags=self.tags,
-            repo_id=self.repo_id if self.push_to_hub else None,
+            **self.card_fields(),
             replay=replay.summary() if replay is not None else {},
         )
         progress = Progress("export", bars=trainer.progress_bar_callback is not None)
@@ -335,11 +336,8 @@ class HFExport(ExportOptions, L.Callback):
         check = f"; reload check: max |logit difference| {diff:.2e}" if diff is not None else ""
         after = f"; val/loss {final['val/loss']:.4f} at step {final_step}" if "val/loss" in final else ""
         rank_zero_info(f"mlm_adapt export: wrote {self.export_dir} ({source}){after}{check}")
-        if self.push_to_hub:
-            with progress.phase(f"uploading to the Hub ({self.repo_id})"):
-                url = push_folder(
-                    self.export_dir, self.repo_id, self.private, self.revision, self.commit_message
-                )
+        url = self.push(self.export_dir, progress)
+        if url is not None:
             rank_zero_info(f"mlm_adapt export: pushed to {url}")
 
 
@@ -396,16 +394,8 @@ def export_checkpoint(
         source=f"checkpoint {ckpt_path}",
         global_step=checkpoint.get("global_step"),
         epoch=checkpoint.get("epoch"),
-        license=options.license,
-        tags=list(options.tags),
-        repo_id=options.repo_id if options.push_to_hub else None,
+        **options.card_fields(),
         replay=replay_summary((checkpoint.get(MLMDataModule.__qualname__) or {}).get("replay")),
     )
     diff = write_export(module.model, tokenizer, output, info, verify=options.verify, progress=progress)
-    url = None
-    if options.push_to_hub:
-        with progress.phase(f"uploading to the Hub ({options.repo_id})"):
-            url = push_folder(
-                Path(output_dir), options.repo_id, options.private, options.revision, options.commit_message
-            )
-    return ExportResult(info, diff, url)
+    return ExportResult(info, diff, options.push(Path(output_dir), progress))

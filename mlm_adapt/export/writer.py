@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from huggingface_hub import HfApi, constants, get_token
@@ -65,6 +65,21 @@ class ExportOptions:
         if self.repo_id is not None:
             check_repo_id(self.repo_id, f"{self.option_prefix}repo_id")
         self.tags = list(self.tags) if self.tags is not None else list(DEFAULT_TAGS)
+
+    def card_fields(self) -> dict[str, Any]:
+        """What the model card states of these options (``ExportInfo``'s license, tags and Hub repo)."""
+        return {
+            "license": self.license,
+            "tags": list(self.tags),
+            "repo_id": self.repo_id if self.push_to_hub else None,
+        }
+
+    def push(self, folder: str | Path, progress: Progress) -> str | None:
+        """Uploads ``folder`` with :func:`push_folder` if ``push_to_hub``; the commit's URL, else ``None``."""
+        if not self.push_to_hub:
+            return None
+        with progress.phase(f"uploading to the Hub ({self.repo_id})"):
+            return push_folder(folder, self.repo_id, self.private, self.revision, self.commit_message)
 
 
 def check_repo_id(repo_id: str, key: str = "repo_id") -> None:
@@ -151,10 +166,8 @@ def verify_export(
     name = name or directory
     param = next(model.parameters())
     reloaded = pretrained_masked_lm(str(directory), "export", dtype=param.dtype).to(param.device).eval()
-    batch, reloaded_batch = (
-        probe_batch(tokenizer),
-        probe_batch(pretrained_tokenizer(str(directory), "export")),
-    )
+    batch = probe_batch(tokenizer)
+    reloaded_batch = probe_batch(pretrained_tokenizer(str(directory), "export"))
     if not torch.equal(batch["input_ids"], reloaded_batch["input_ids"]):
         raise MLMAdaptError(
             f"export check failed: the tokenizer saved in {name} encodes the probe differently"

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import jsonargparse
 import torch
 import yaml
 from lightning.fabric.utilities.load import _METADATA_FILENAME
@@ -352,19 +351,3 @@ def check_yaml_expansion(text: str, source: str = "a --config file or YAML value
             f"{source}: its YAML aliases expand to {total} values (the limit is {MAX_EXPANDED_NODES}): "
             "an alias bomb; write the values out instead of nesting aliases"
         )
-
-
-def bound_yaml() -> None:
-    """Every YAML jsonargparse loads (``--config`` files, values) passes :func:`check_yaml_expansion`."""
-    load = jsonargparse.get_loader("yaml")
-    if getattr(load, "bounded", False):
-        return
-
-    def load_bounded(text: str) -> Any:
-        if isinstance(text, str):
-            check_yaml_expansion(text)
-        return load(text)
-
-    load_bounded.bounded = True  # type: ignore[attr-defined]
-    # The exceptions jsonargparse expects from its YAML loader (it then treats the value as a string).
-    jsonargparse.set_loader("yaml", load_bounded, exceptions=(yaml.YAMLError,))

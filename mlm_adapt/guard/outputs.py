@@ -200,9 +200,18 @@ def _check_rules(output: Output) -> Path:
 
 # --- outputs -----------------------------------------------------------------------------------------------
 
-# What this command published, each with the file that proves it complete: the CLI clears it before a
-# command and checks it after, so that a command never reports success for an output missing its proof.
-published: list[tuple[Path, Path]] = []
+# What this command published, each with the file that proves it complete (the CLI checks them at exit).
+_published: list[tuple[Path, Path]] = []
+
+
+def forget_published() -> None:
+    """A new command: nothing published yet."""
+    _published.clear()
+
+
+def missing_published() -> list[tuple[Path, Path]]:
+    """What this command published whose proof is not there: a command must not report it as success."""
+    return [(output, proof) for output, proof in _published if not proof.is_file()]
 
 
 @dataclass(frozen=True)
@@ -371,7 +380,7 @@ def write_directory(
                     os.rename(staging.backup, real)
                 raise
             _fsync(real.parent)
-            published.append((real, real / (proof or MARKER)))
+            _published.append((real, real / (proof or MARKER)))
 
 
 @contextlib.contextmanager

@@ -19,7 +19,8 @@ def word_keys(word_ids: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
 
 class WordAccuracy(Metric):
     """Fraction of masked words whose masked tokens are all right; ``update`` takes, per masked token,
-    whether it was right and its word's key (:func:`word_keys`: words within the batch)."""
+    whether it was right and its word's key (:func:`word_keys`). Words are formed within the batch, so a
+    word must not span two batches (blocks never split words)."""
 
     full_state_update = False
     higher_is_better = True

@@ -3,7 +3,6 @@ CLI always adds, in their order."""
 
 from mlm_adapt.training.callbacks import (
     BeforeAfterValidation,
-    ExactResume,
     ForgettingBudget,
     ForgettingWarning,
     GlobalBatchInfo,
@@ -11,6 +10,8 @@ from mlm_adapt.training.callbacks import (
     forgotten_sets,
     guard_user_callbacks,
 )
+from mlm_adapt.training.resume import ExactResume
+from mlm_adapt.training.signals import StopOnSignal
 
 __all__ = [
     "BeforeAfterValidation",
@@ -18,6 +19,7 @@ __all__ = [
     "ForgettingBudget",
     "ForgettingWarning",
     "GlobalBatchInfo",
+    "StopOnSignal",
     "default_callbacks",
     "forgotten_sets",
     "guard_user_callbacks",

@@ -322,8 +322,8 @@ def _csv_logs(loggers: list[Logger]) -> list[tuple[CSVLogger, Path]]:
 
 
 def attach_csv_logs(loggers: list[Logger]) -> list[Path]:
-    """Makes every ``CSVLogger`` with a ``metrics.csv`` append to it instead of deleting it, as Lightning
-    does when it opens a version directory; writes nothing. Call before the trainer opens its loggers; a
+    """Makes every ``CSVLogger`` with a ``metrics.csv`` append to it instead of deleting it (which Lightning
+    does when it opens a version directory); writes nothing. Call before the trainer opens its loggers; a
     refused resume then leaves the file untouched (:class:`ResumeCheck` drops the rows past the checkpoint
     once the resume is accepted). Returns the attached files."""
     found = _csv_logs(loggers)

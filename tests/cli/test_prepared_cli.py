@@ -57,10 +57,11 @@ def test_fit_validate_preview_export_from_a_prepared_dir_with_the_corpus_deleted
     assert len(examples) == 2 and all(e["tokens"][0] == "[CLS]" and e["labels"] for e in examples)
 
     # The export command, with a (faked) Hub upload: phase lines without bars, a bar with them.
-    import mlm_adapt.export.callback as export_checkpoint
+    import mlm_adapt.export.callback as export_callback
+    import mlm_adapt.export.writer as export_writer
 
-    monkeypatch.setattr(export_checkpoint, "check_hub_access", lambda repo_id: None)
-    monkeypatch.setattr(export_checkpoint, "push_folder", lambda *a, **k: "https://hub/commit/1")
+    monkeypatch.setattr(export_callback, "check_hub_access", lambda repo_id: None)
+    monkeypatch.setattr(export_writer, "push_folder", lambda *a, **k: "https://hub/commit/1")
     caplog.clear()
     out = tmp_path / "exported"
     push = ["--push_to_hub", "--repo_id=me/model"]
