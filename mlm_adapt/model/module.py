@@ -44,24 +44,33 @@ def default_optimizer(params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=5e-5, weight_decay=0.01)
 
 
-def fastest_kernels(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+def fastest_kernels(optimizer: torch.optim.Optimizer, clipping: bool = False) -> torch.optim.Optimizer:
     """Adam/AdamW left at torch's defaults steps with the fused kernel (the same update) where the parameters
     allow; torch picks it only when asked (else a for-loop on CPU, ~4x slower at bert-base size). A
-    ``fused`` or ``foreach`` set in the config is kept, and so is torch's choice where fused cannot run."""
-    if not isinstance(optimizer, torch.optim.Adam):  # AdamW is an Adam
-        return optimizer
+    ``fused`` or ``foreach`` set in the config is kept, and so is torch's choice where fused cannot run.
+
+    With ``clipping`` (``trainer.gradient_clip_val``), any optimizer that would unscale gradients inside its
+    own step (a fused kernel, ours or the config's) leaves unscaling to ``GradScaler`` instead: Lightning
+    clips only gradients it has unscaled itself, and refuses to clip otherwise. The fused kernel then steps
+    on gradients already unscaled, under every precision.
+    """
+    if isinstance(optimizer, torch.optim.Adam) and _may_fuse(optimizer):  # AdamW is an Adam
+        for group in optimizer.param_groups:
+            group["fused"] = True
+        optimizer.defaults["fused"] = True
+        # What the constructor sets with fused=True: GradScaler hands the kernel its scale and inf check.
+        optimizer._step_supports_amp_scaling = True
+    if clipping and getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer._step_supports_amp_scaling = False
+    return optimizer
+
+
+def _may_fuse(optimizer: torch.optim.Optimizer) -> bool:
     groups = optimizer.param_groups
     chosen = any(g.get("fused") is not None or g.get("foreach") is not None for g in groups)
     params = [p for g in groups for p in g["params"]]
     capable = all(p.device.type in FUSED_ADAM_DEVICES and torch.is_floating_point(p) for p in params)
-    if chosen or not capable or any(g.get("differentiable") for g in groups):
-        return optimizer
-    for group in groups:
-        group["fused"] = True
-    optimizer.defaults["fused"] = True
-    # What the constructor sets with fused=True: GradScaler hands the kernel its scale and inf check.
-    optimizer._step_supports_amp_scaling = True
-    return optimizer
+    return not chosen and capable and not any(g.get("differentiable") for g in groups)
 
 
 def mlm_flops(
@@ -330,7 +339,8 @@ class MaskedLMModule(L.LightningModule):
             if param.requires_grad:
                 (decay if param.ndim >= 2 else no_decay).append(param)  # 1-D: biases and LayerNorm weights
         optimizer = fastest_kernels(
-            self.optimizer([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}])
+            self.optimizer([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]),
+            clipping=bool(getattr(self.trainer, "gradient_clip_val", None)),
         )
         total_steps = int(self.trainer.estimated_stepping_batches)
         warmup = self.hparams.warmup

@@ -28,6 +28,7 @@ import torch
 import yaml
 from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.fabric.utilities.data import _set_sampler_epoch
 from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -406,6 +407,7 @@ class ExactResume(L.Callback):
     def __init__(self, seed: int | None = None):
         self.seed = seed
         self.corpus_fingerprint: str | None = None
+        self._loader_states: list[dict[str, Any]] = []
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -425,6 +427,36 @@ class ExactResume(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Called when fit restores a checkpoint, after setup: the current corpus is known.
         check_corpus(state_dict, self.corpus_fingerprint, "the checkpoint")
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        fit_loop = ((checkpoint.get("loops") or {}).get("fit_loop") or {}).get("state_dict") or {}
+        self._loader_states = list(fit_loop.get("combined_loader") or [])
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Puts the train loader at the checkpoint's position, in the checkpoint's epoch, before its first
+        batch is drawn.
+
+        Lightning loads the loader's saved position only when it builds the loader after the restore. A
+        ``configure_optimizers`` that reads ``trainer.estimated_stepping_batches`` under a finite
+        ``max_epochs`` (the linear schedule under ``configs/domain.yaml``) builds it before, and the resumed
+        run then restarts the epoch's order (a different batch at the first resumed step). Its iterator was
+        also made before the sampler learned the restored epoch, so workers that prefetched at the start
+        drew from epoch 0's order. Either way the position is loaded here again, after the epoch is set,
+        and a new iterator is made from it."""
+        states, self._loader_states = self._loader_states, []
+        fit_loop = trainer.fit_loop
+        loaders, fetcher = fit_loop._combined_loader, fit_loop._data_fetcher
+        if not states or loaders is None or fetcher is None:
+            return
+        for loader in loaders.flattened:
+            _set_sampler_epoch(loader, fit_loop.epoch_progress.current.processed)
+        loaders._load_state_dicts(states)
+        fit_loop._combined_loader_states_to_load = []  # loaded: Lightning must not load it a second time
+        iter(fetcher)
 
     @override
     def on_train_batch_start(

@@ -115,7 +115,11 @@ def install_stop_handlers(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIG
 
 
 def checkpoint_path(trainer: L.Trainer) -> Path:
-    """Where the stop checkpoint goes: the run's ``last.ckpt`` (what ``--ckpt_path last`` resumes)."""
+    """Where the stop checkpoint goes: the run's ``last.ckpt`` (what ``--ckpt_path last`` resumes).
+
+    The ``ModelCheckpoint`` that owns that name is told it wrote it, and the checkpoint carries that:
+    otherwise the resumed run finds a ``last.ckpt`` it did not write and saves ``last-v1.ckpt`` beside it,
+    leaving ``last.ckpt`` (what ``export`` and the next resume read) at the stop step."""
     callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
     callback = next((cb for cb in callbacks if cb.save_last and cb.dirpath), None) or next(
         (cb for cb in callbacks if cb.dirpath), None
@@ -123,7 +127,10 @@ def checkpoint_path(trainer: L.Trainer) -> Path:
     if callback is None:
         return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints" / "last.ckpt"
     names = {"epoch": torch.tensor(trainer.current_epoch), "step": torch.tensor(trainer.global_step)}
-    return Path(callback.format_checkpoint_name(names, callback.CHECKPOINT_NAME_LAST))
+    path = callback.format_checkpoint_name(names, callback.CHECKPOINT_NAME_LAST)
+    if callback.save_last:
+        callback.last_model_path = path
+    return Path(path)
 
 
 class StopOnSignal(L.Callback):
