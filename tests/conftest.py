@@ -34,7 +34,7 @@ logging.getLogger("lightning.pytorch").propagate = True
 
 
 # Fixtures of scope module or session that run a whole fit, shared by several tests.
-SHARED_RUNS = {"trained_run", "ddp_run"}
+SHARED_RUNS = {"trained_run", "ddp_run", "straight_runs"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids

@@ -8,6 +8,7 @@ import time
 from typing import Any, NoReturn
 
 import yaml
+from jsonargparse._actions import print_config_skip  # the flag jsonargparse prints under
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, DeviceStatsMonitor, LearningRateMonitor, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -76,6 +77,19 @@ class MLMAdaptArgumentParser(LightningArgumentParser):
             super().error(message, ex)
         # Raised whatever the parser's exit_on_error, for the CLI's one error boundary.
         raise MLMAdaptError(line)
+
+    @override
+    def _parse_common(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        # jsonargparse prints --print_config from inside this method, before the CLI substitutes the
+        # loggers' run root: it is put in here first, so the printed config is the one that runs. Only for
+        # the printing parse: a nested parse (of a --config file) would fix the root before later flags.
+        if hasattr(self, "print_config") and not print_config_skip.get():
+            key = self.print_config.get("key")
+            section = cfg.get(key) if key else cfg
+            trainer = section.get("trainer") if hasattr(section, "get") else None
+            if trainer is not None and hasattr(trainer, "logger"):
+                root_loggers(trainer)
+        return super()._parse_common(cfg, *args, **kwargs)
 
 
 def process_age() -> float:

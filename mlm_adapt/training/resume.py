@@ -408,6 +408,7 @@ class ExactResume(L.Callback):
         self.seed = seed
         self.corpus_fingerprint: str | None = None
         self._loader_states: list[dict[str, Any]] = []
+        self._loader_epoch = 0
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -432,8 +433,10 @@ class ExactResume(L.Callback):
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        fit_loop = ((checkpoint.get("loops") or {}).get("fit_loop") or {}).get("state_dict") or {}
-        self._loader_states = list(fit_loop.get("combined_loader") or [])
+        fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+        self._loader_states = list((fit_loop.get("state_dict") or {}).get("combined_loader") or [])
+        current = (fit_loop.get("epoch_progress") or {}).get("current") or {}
+        self._loader_epoch = int(current.get("processed", 0))
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -452,9 +455,13 @@ class ExactResume(L.Callback):
         loaders, fetcher = fit_loop._combined_loader, fit_loop._data_fetcher
         if not states or loaders is None or fetcher is None:
             return
+        epoch = fit_loop.epoch_progress.current.processed
         for loader in loaders.flattened:
-            _set_sampler_epoch(loader, fit_loop.epoch_progress.current.processed)
-        loaders._load_state_dicts(states)
+            _set_sampler_epoch(loader, epoch)
+        # Saved at the last batch of an epoch, the position is that epoch's end: the restored run starts
+        # the next epoch (Lightning counted it finished), from its first batch.
+        if epoch == self._loader_epoch:
+            loaders._load_state_dicts(states)
         fit_loop._combined_loader_states_to_load = []  # loaded: Lightning must not load it a second time
         iter(fetcher)
 

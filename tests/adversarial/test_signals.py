@@ -167,3 +167,26 @@ def test_a_signal_of_one_command_does_not_end_the_next(tmp_path, capsys):
         main(["export", f"--ckpt_path={tmp_path / 'missing.ckpt'}", f"--output_dir={tmp_path / 'out'}"])
     lines = error_lines(capsys.readouterr().err)
     assert refused.value.code == 2 and len(lines) == 1 and "does not exist" in lines[0], lines
+
+
+def test_after_a_stop_and_resume_last_ckpt_is_the_latest_state(tiny_model_dir, corpus_file, tmp_path, capsys):
+    """As configs/domain.yaml saves: a ModelCheckpoint with save_last whose periodic save has not come yet.
+    The resumed run rewrites the stop's last.ckpt (what export and the next resume read), no last-v1.ckpt."""
+    root = tmp_path / "run"
+    logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(root)}}
+    checkpoint = [
+        f"--trainer.logger={json.dumps(logger)}",  # versioned: the resume continues version_0
+        "--trainer.callbacks+=ModelCheckpoint",
+        "--trainer.callbacks.save_last=true",
+        "--trainer.callbacks.every_n_train_steps=1000",
+    ]
+    args = tiny_fit_args(tiny_model_dir, corpus_file, root, "--export.enabled=false", *checkpoint)
+    sender = callback("SendSignalAt", signum=int(signal.SIGTERM), batch_idx=1)
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *args, sender])
+    assert stopped.value.code == 143
+    (stop_checkpoint,) = last_checkpoints(root)
+    capsys.readouterr()
+    main(["fit", *args, "--ckpt_path=last"])  # returns: the run finished
+    assert last_checkpoints(root) == [stop_checkpoint]
+    assert torch.load(stop_checkpoint, map_location="cpu", weights_only=True)["global_step"] == 6

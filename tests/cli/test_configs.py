@@ -232,3 +232,59 @@ def test_one_root_moves_every_file_of_a_run(tiny_model_dir, corpus_file, tmp_pat
     assert Path(cli.trainer.log_dir).is_relative_to(root)  # where ModelCheckpoint writes without dirpath
     export = next(c for c in cli.trainer.callbacks if isinstance(c, HFExport))
     assert export.resolved_output_dir(cli.trainer) == root / "export"
+
+
+# Precisions a CPU runs; the GPU-only ones (16-mixed) and configs/fsdp.yaml are in scripts/gpu_check.py.
+CPU_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
+CPU_CONFIGS = [
+    c for c in CONFIGS if yaml.safe_load(c.read_text(encoding="utf-8"))["trainer"]["accelerator"] != "gpu"
+]
+
+
+def write_named_inputs(stated: dict[str, Any], root: Path, texts: list[str]) -> None:
+    """Writes, below ``root``, a text file at every corpus path or glob the config's ``data`` names."""
+    data = stated.get("data") or {}
+    named = list(data.get("train_files") or []) + list(data.get("mix_files") or [])
+    validation = data.get("validation_files") or {}
+    named += [f for files in validation.values() for f in files or []] if isinstance(validation, dict) else []
+    for pattern in named:
+        path = root / pattern.replace("*", "part")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(texts) + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize("precision", CPU_PRECISIONS)
+@pytest.mark.parametrize("config", CPU_CONFIGS, ids=lambda path: path.name)
+def test_shipped_config_fits_two_steps_and_exports_under_every_cpu_precision(
+    config, precision, full_length_model, review_texts, tmp_path
+):
+    """The config's own trainer settings (gradient clipping, the fused AdamW default, its callbacks and
+    loggers) under each precision: two optimizer steps, the final validation and the export."""
+    from conftest import run_cli
+
+    stated = yaml.safe_load(config.read_text(encoding="utf-8"))
+    write_task_files(stated, tmp_path, review_texts)
+    write_named_inputs(stated, tmp_path, review_texts[:200])
+    args = [
+        "fit",
+        "--config",
+        str(config),
+        f"--model.model_name_or_path={full_length_model}",  # a Hub id or the demo's model: not here
+        f"--trainer.precision={precision}",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.max_steps=2",
+        "--trainer.limit_val_batches=1",
+        "--trainer.enable_progress_bar=false",
+        "--data.batch_size=4",
+        "--data.num_workers=0",
+        "--data.preprocessing_num_workers=1",
+    ]
+    if not stated.get("data", {}).get("train_files"):
+        args.append(f"--data.train_files=[{tmp_path / 'corpus.txt'}]")
+        (tmp_path / "corpus.txt").write_text("\n".join(review_texts[:200]) + "\n", encoding="utf-8")
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    (wrote,) = re.findall(r"^mlm_adapt export: wrote (\S+) ", result.stdout + result.stderr, re.M)
+    assert (tmp_path / wrote / "model.safetensors").is_file()

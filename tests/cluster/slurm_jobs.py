@@ -64,7 +64,7 @@ class Cluster:
 
     def sbatch(self, *args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
         """Submits ``sbatch ARGS`` from ``cwd``; returns the job id."""
-        (cwd / "logs").mkdir(parents=True, exist_ok=True)  # where the sbatch files' --output goes
+        # Nothing is made before submitting: a fresh clone's sbatch must find its log's directory itself.
         command = ["sbatch", "--parsable", *args]
         result = subprocess.run(
             command, env={**self.env, **(env or {})}, cwd=cwd, capture_output=True, text=True, timeout=60
@@ -107,8 +107,8 @@ def recorded_steps(path: Path) -> int:
 
 
 def job_log(directory: Path, job_id: str) -> str:
-    """The job's output file (``logs/<name>-<id>.out``), every requeued run of it appended."""
-    logs = list((directory / "logs").glob(f"*-{job_id}.out"))
+    """The job's output file (``<name>-<id>.out`` where sbatch ran), every requeued run of it appended."""
+    logs = list(directory.glob(f"*-{job_id}.out"))
     return logs[0].read_text(encoding="utf-8", errors="replace") if logs else ""
 
 

@@ -51,7 +51,7 @@ def array_seconds(directory: Path, job_id: str, tasks: int) -> list[float]:
     """The prepare time each task reported ("wrote ... in X s")."""
     seconds = []
     for task in range(tasks):
-        log = (directory / "logs" / f"mlm_adapt-prepare-{job_id}_{task}.out").read_text(encoding="utf-8")
+        log = (directory / f"mlm_adapt-prepare-{job_id}_{task}.out").read_text(encoding="utf-8")
         seconds += [float(s) for s in re.findall(r"mlm_adapt prepare: wrote \S+ in ([\d.]+) s", log)]
     return seconds
 

@@ -66,3 +66,37 @@ def test_fused_steps_give_the_for_loop_trajectory(tiny_model_dir, tokenizer):
     assert loop_losses[-1] < loop_losses[0] - 0.5  # it trains
     assert fused_losses == pytest.approx(loop_losses, rel=1e-5, abs=1e-6)
     assert torch.allclose(fused_params, loop_params, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("choice", [{}, {"fused": True}], ids=["default", "fused_in_config"])
+def test_with_clipping_gradscaler_unscales_before_the_fused_step(tiny_model_dir, choice):
+    """Lightning clips only gradients it unscaled itself, and refuses a fused step that unscales inside
+    (the traceback of configs/domain.yaml under bf16-mixed): with clipping the kernel stays fused, and
+    unscaling is left to GradScaler."""
+    module = _module(tiny_model_dir, optimizer=functools.partial(torch.optim.AdamW, lr=1e-3, **choice))
+    module.trainer.gradient_clip_val = 1.0
+    optimizer = module.configure_optimizers()["optimizer"]
+    assert all(g["fused"] for g in optimizer.param_groups)
+    assert not getattr(optimizer, "_step_supports_amp_scaling", False)
+
+
+def test_a_clipped_fused_step_under_gradscaler_is_the_clipped_for_loop_step():
+    """GradScaler unscales, the gradients are clipped, the fused kernel steps: the for-loop's update."""
+    torch.manual_seed(0)
+    weights = torch.randn(64, 8)
+
+    def step(fused: bool) -> torch.Tensor:
+        param = torch.nn.Parameter(weights.clone())
+        optimizer = torch.optim.AdamW([param], lr=1e-2, fused=fused)
+        fastest_kernels(optimizer, clipping=True)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        for _ in range(3):
+            scaler.scale((param**3).sum()).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_([param], 1.0)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+        return param.detach()
+
+    torch.testing.assert_close(step(fused=True), step(fused=False), rtol=1e-5, atol=1e-6)

@@ -15,7 +15,7 @@ def test_sbatch_template_is_valid_bash_and_requests_the_pre_timeout_signal():
     subprocess.run(["bash", "-n", str(SBATCH)], check=True)
     assert re.search(r"^#SBATCH --signal=SIGUSR1@\d+$", text, re.M)
     assert re.search(r"^#SBATCH --requeue$", text, re.M)
-    assert "srun" in text and "python -m mlm_adapt fit" in text
+    assert "srun" in text and '"$PYTHON" -m mlm_adapt fit' in text
     ntasks = re.search(r"^#SBATCH --ntasks-per-node=(\d+)$", text, re.M).group(1)
     gpus = re.search(r"^#SBATCH --gres=gpu:(\d+)$", text, re.M).group(1)
     assert ntasks == gpus  # one task per GPU, as Lightning's SLURMEnvironment expects

