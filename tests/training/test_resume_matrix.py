@@ -113,7 +113,7 @@ def _fit(args: list[str]):
 
 @pytest.fixture(scope="module")
 def straight_runs(tmp_path_factory, tiny_model_dir, review_texts):
-    """``{setting: (root of its uninterrupted run, shared directory, corpus)}``, each run made when first asked."""
+    """``{setting: (uninterrupted run root, shared directory, corpus)}``, each run made when first asked."""
     made: dict[str, tuple[Path, Path, Path]] = {}
 
     def get(setting: str) -> tuple[Path, Path, Path]:
