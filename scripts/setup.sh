@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv and installs mlm_adapt with its dev extras. Idempotent; safe to re-run; silent on success
 # (pip's errors still reach stderr and stop the script).
-# TORCH_SPEC picks the torch build (default: the CPU wheel pinned for this project's CI machines;
-# on a GPU machine use e.g. TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu124").
+# TORCH_SPEC overrides the torch build, e.g. TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu124";
+# without it: torch 2.13.0, the CPU build where no GPU is present (no nvidia-smi), else PyPI's CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # pip's chatter that is not about this install: the new-release notice and the running-as-root warning
@@ -12,6 +12,17 @@ cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PIP_PROGRESS_BAR=off PYTHONWARNINGS=ignore
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip 2>/dev/null || true  # optional: an offline mirror may lack it
-# shellcheck disable=SC2086
-.venv/bin/pip install -qq ${TORCH_SPEC:-torch==2.13.0}
+# torch first, and by build: PyPI's Linux `torch==2.13.0` is the multi-GB CUDA build, so a machine without
+# a GPU asks for the `+cpu` local version explicitly. It comes from a local wheel directory or mirror where
+# pip's configuration has one, else from PyTorch's CPU index (tried second, so that an offline machine never
+# waits on an index it cannot reach).
+if [ -n "${TORCH_SPEC:-}" ]; then
+    # shellcheck disable=SC2086
+    .venv/bin/pip install -qq $TORCH_SPEC
+elif command -v nvidia-smi >/dev/null 2>&1; then
+    .venv/bin/pip install -qq "torch==2.13.0"
+else
+    .venv/bin/pip install -qq "torch==2.13.0+cpu" 2>/dev/null \
+        || .venv/bin/pip install -qq "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu
+fi
 .venv/bin/pip install -qq -e ".[dev]"

@@ -50,6 +50,37 @@ def test_every_config_parses(config, capsys):
     assert "model_name_or_path:" in printed and "mlm_probability:" in printed
 
 
+def test_print_config_shows_the_run_root_it_will_use(capsys):
+    """The loggers' ``save_dir: ${trainer.default_root_dir}`` is printed resolved, after later flags."""
+    import yaml
+
+    with pytest.raises(SystemExit) as exit_info:
+        MLMAdaptCLI(
+            args=[
+                "fit",
+                "--config",
+                str(REPO / "configs" / "domain.yaml"),
+                "--trainer.default_root_dir=/scratch/job-7",
+                "--print_config",
+            ]
+        )
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "${" not in printed
+    loggers = yaml.safe_load(printed)["trainer"]["logger"]
+    assert [lg["init_args"]["save_dir"] for lg in loggers] == ["/scratch/job-7"] * len(loggers)
+
+
+def test_wall_time_counts_from_the_process_start_not_from_the_cli():
+    """``process_age`` sees the seconds a process spent (in imports) before it was asked."""
+    import subprocess
+    import sys
+
+    code = "import time; time.sleep(1.5); from mlm_adapt.cli.fit import process_age; print(process_age())"
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 1.5 <= age < 120
+
+
 def test_help_documents_every_option(capsys):
     with pytest.raises(SystemExit):
         MLMAdaptCLI(args=["fit", "--help"])

@@ -15,13 +15,19 @@ _spec.loader.exec_module(gpu_check)
 
 def test_dry_run_prints_one_table_with_every_configuration_and_the_prepared_fit(tmp_path):
     text = gpu_check.main(["--dry-run", f"--workdir={tmp_path}"])
-    rows = [line for line in text.splitlines() if line.startswith("| ") and "tokens/s" not in line]
+    throughput = text.split("GPU-only precisions")[0]
+    rows = [line for line in throughput.splitlines() if line.startswith("| ") and "tokens/s" not in line]
     assert len(rows) == len(gpu_check.CONFIGS) + 1
     assert sum("torch.compile not available" in r for r in rows) == 2  # no GPU: compiled runs reported
     assert "masked-only head" in text and "full head" in text
     fit = rows[-1]
     assert fit.startswith("| fit from prepared dir: 4 steps (prepare ") and "validation " in fit
     assert (tmp_path / "fit" / "prepared" / "manifest.json").is_file()
+    recipes = text.split("GPU-only precisions")[1]
+    assert "| domain.yaml | 32-true (CPU) | ok: 2 steps, exported |" in recipes  # the one a CPU runs
+    assert recipes.count("GPU only (dry run)") == len(gpu_check.RECIPES) - 1
+    shipped = {p.name for p in (REPO / "configs").glob("*.yaml")}
+    assert {config for config, _ in gpu_check.RECIPES} == shipped  # a new config joins the GPU check
 
 
 @pytest.mark.gpu
