@@ -77,7 +77,8 @@ def test_wall_time_counts_from_the_process_start_not_from_the_cli():
     import sys
 
     code = "import time; time.sleep(1.5); from mlm_adapt.cli.fit import process_age; print(process_age())"
-    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    age = float(done.stdout)
     assert 1.5 <= age < 120
 
 
