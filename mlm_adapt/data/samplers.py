@@ -19,19 +19,58 @@ from mlm_adapt.masking.schedule import ExampleKey, MaskRates
 class EpochSampler(DistributedSampler):
     """A ``DistributedSampler`` (Lightning calls its ``set_epoch`` and keeps it under DDP) that yields
     :class:`~mlm_adapt.masking.schedule.ExampleKey` s, so the collator draws new masks each epoch; with
-    ``mask_rates`` (a masking-rate schedule) each carries the rate of the step its batch feeds."""
+    ``mask_rates`` (a masking-rate schedule) each carries the rate of the step its batch feeds.
+
+    Ranks take the epoch's global order in turn (rank ``r`` of ``W``: positions ``r, r + W, ...``), so the
+    ``W`` batches ``i`` of a step are one contiguous slice of it, whatever ``W``. :meth:`resume_at` starts
+    an epoch at a global position: a run resumed on another number of ranks continues the same order.
+    """
 
     mask_rates: MaskRates | None = None
+    _resume: tuple[int, int] | None = None  # (epoch, examples of it all ranks had drawn)
+
+    def resume_at(self, epoch: int, consumed: int) -> None:
+        """Start ``epoch`` after its first ``consumed`` examples of the global order (later epochs whole)."""
+        self._resume = (epoch, max(0, consumed))
+
+    def _consumed(self) -> int:
+        return self._resume[1] if self._resume is not None and self._resume[0] == self.epoch else 0
+
+    def _global_order(self) -> list[int]:
+        """The epoch's examples, all ranks together, as ``DistributedSampler`` orders them."""
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(len(self.dataset), generator=generator).tolist()
+        else:
+            order = list(range(len(self.dataset)))
+        if self.drop_last:
+            return order[: self.total_size]
+        repeats = math.ceil(self.total_size / max(len(order), 1))
+        return (order * repeats)[: self.total_size]
+
+    def _share(self, order: list[int]) -> list[int]:
+        """This rank's part of ``order`` from the resumed position: equal parts, the tail that does not
+        divide among the ranks dropped."""
+        rest = order[min(self._consumed(), len(order)) :]
+        rest = rest[: len(rest) - len(rest) % self.num_replicas]
+        return rest[self.rank :: self.num_replicas]
 
     def _keyed(self, indices: Iterable[int]):
         epoch = self.epoch
         if self.mask_rates is not None:
-            return self.mask_rates.keyed(epoch, indices, len(self))
+            full = self.total_size // self.num_replicas
+            return self.mask_rates.keyed(epoch, indices, full, self._consumed() // self.num_replicas)
         return (ExampleKey(epoch, index) for index in indices)
 
     @override
     def __iter__(self):
-        return self._keyed(super().__iter__())
+        return self._keyed(self._share(self._global_order()))
+
+    @override
+    def __len__(self) -> int:
+        rest = max(0, self.total_size - self._consumed())
+        return rest // self.num_replicas
 
 
 class LengthGroupedEpochSampler(EpochSampler):
@@ -75,7 +114,7 @@ class LengthGroupedEpochSampler(EpochSampler):
             extra = np.tile(perm, repeats)[: self.total_size - len(perm)].tolist()
         group = np.arange(len(perm)) // (self.megabatch_size * self.num_replicas)
         indices = perm[np.lexsort((-self.lengths[perm], group))].tolist() + extra  # by group, longest first
-        return self._keyed(indices[self.rank : self.total_size : self.num_replicas])
+        return self._keyed(self._share(indices[: self.total_size]))
 
 
 class KeyedDataset(Dataset):

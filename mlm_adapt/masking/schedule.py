@@ -160,11 +160,14 @@ class MaskRates:
         self.batch_size = batch_size
         self.stepping = stepping
 
-    def keyed(self, epoch: int, indices: Iterable[int], n_indices: int) -> Iterator[ExampleKey]:
-        """The keys of this rank's ``n_indices`` indices of an epoch, in order."""
+    def keyed(
+        self, epoch: int, indices: Iterable[int], n_indices: int, first_position: int = 0
+    ) -> Iterator[ExampleKey]:
+        """The keys of this rank's ``n_indices`` indices of an epoch, in order, the first of them at
+        ``first_position`` of the epoch (after a resume on another number of ranks)."""
         stepping = self.stepping(math.ceil(n_indices / self.batch_size))
         rate, last_batch = 0.0, -1
-        for position, index in enumerate(indices):
+        for position, index in enumerate(indices, start=first_position):
             batch = position // self.batch_size
             if batch != last_batch:
                 step = stepping.step(epoch, batch)

@@ -205,6 +205,9 @@ class MaskedLMModule(L.LightningModule):
         self.baseline_metrics: dict[str, float] = {}  # step-0 validation metrics, kept in checkpoints
         self.last_validated_step = -1
         self.flops_per_batch: int | None = None  # of the latest batch, read by the ThroughputMonitor
+        # Of the optimizer step in progress: [summed loss, masked count] on this rank, and the divisor C.
+        self._step_sums: torch.Tensor | None = None
+        self._step_estimate: torch.Tensor | None = None
         self._compiled = False
 
     def _add_eval_metrics(self, prefix: str) -> None:
@@ -285,18 +288,26 @@ class MaskedLMModule(L.LightningModule):
         loss = F.cross_entropy(logits.float(), labels, reduction="sum") / max(labels.numel(), 1)
         return loss, logits, labels
 
+    def masked_lm_sum(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        """Summed unshifted cross-entropy over masked positions, and their number."""
+        logits, labels = self.masked_logits(batch)
+        return F.cross_entropy(logits.float(), labels, reduction="sum"), labels.numel()
+
+    def _count_flops(self, batch: dict[str, torch.Tensor], n_masked: int, backward: bool) -> None:
+        batch_size, seq_len = batch["input_ids"].shape
+        n_predicted = n_masked if self.head_split is not None else batch_size * seq_len
+        self.flops_per_batch = mlm_flops(self.model.config, batch_size, seq_len, n_predicted, backward)
+
     def _shared_step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         loss, logits, labels = self.masked_lm_loss(batch)
         n_masked = labels.numel()
-        batch_size, seq_len = batch["input_ids"].shape
-        n_predicted = n_masked if self.head_split is not None else batch_size * seq_len
-        evaluating = stage != "train"
-        self.flops_per_batch = mlm_flops(self.model.config, batch_size, seq_len, n_predicted, not evaluating)
-        # Explicit names per set (val/*, val_<name>/*), not Lightning's dataloader_idx suffix.
+        self._count_flops(batch, n_masked, backward=False)
+        # Explicit names per set (val/*, val_<name>/*), not Lightning's dataloader_idx suffix. Weighted by
+        # the masked count, and synced as sum/count: the epoch's value is the mean per masked token of the
+        # whole set, across batches and ranks.
         log = {"add_dataloader_idx": False, "batch_size": max(n_masked, 1)}
-        shown = stage in ("train", *EVAL_STAGES)
-        self.log(f"{stage}/loss", loss, prog_bar=shown, sync_dist=evaluating, **log)
-        if evaluating and n_masked:
+        self.log(f"{stage}/loss", loss, prog_bar=stage in EVAL_STAGES, sync_dist=True, **log)
+        if n_masked:
             self.accuracy[stage](logits, labels)
             self.perplexity[stage](logits[None].float(), labels[None])
             self.log(f"{stage}/accuracy", self.accuracy[stage], **log)
@@ -315,7 +326,55 @@ class MaskedLMModule(L.LightningModule):
             self.log("train/mask_rate", rate.float(), batch_size=batch["input_ids"].shape[0])
         if "mix_rate" in batch:  # general-text replay (data.mix_files): the step's rate
             self.log("train/mix_rate", batch["mix_rate"].float(), batch_size=batch["input_ids"].shape[0])
-        return self._shared_step(batch, "train")
+        return self._step_normalized_loss(batch)
+
+    def _step_normalized_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """This micro-batch's part of the optimizer step's loss: its summed masked-token cross-entropy over
+        the step's masked-token count, so that every masked token of the step weighs the same, whatever its
+        micro-batch or rank (a per-micro-batch mean would weigh a token of a sparsely masked micro-batch
+        more).
+
+        The count of the step's later micro-batches is not known before their forward. Each micro-batch is
+        divided by an estimate ``C`` (the first micro-batch's count, summed over ranks, times the
+        accumulation), identical on every rank, and :meth:`on_before_optimizer_step` multiplies the
+        accumulated gradients by ``C / N`` once the step's count ``N`` is known: the same gradients as
+        dividing by ``N`` before the backward (gradients are linear in the loss). Without accumulation
+        ``C`` is ``N`` and nothing is rescaled. Clipping and the optimizer then see these gradients.
+        """
+        sum_loss, n_masked = self.masked_lm_sum(batch)
+        self._count_flops(batch, n_masked, backward=True)
+        accumulation = int(getattr(self.trainer, "accumulate_grad_batches", 1) or 1)
+        world_size = int(getattr(self.trainer, "world_size", 1) or 1)
+        count = torch.tensor(float(n_masked), device=sum_loss.device)
+        if self._step_sums is None:  # the step's first micro-batch on this rank (every rank is at it)
+            self._step_estimate = self._sum_over_ranks(count.clone()) * accumulation
+            self._step_sums = torch.zeros(2, device=sum_loss.device)
+        self._step_sums += torch.stack([sum_loss.detach(), count])
+        # Lightning divides by the accumulation and DDP/FSDP average over ranks: both are undone here.
+        return sum_loss * (accumulation * world_size) / self._step_estimate.clamp(min=1)
+
+    def _sum_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
+        if getattr(self.trainer, "world_size", 1) <= 1:
+            return value
+        return self.trainer.strategy.reduce(value, reduce_op="sum")
+
+    @override
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._step_sums is None:
+            return
+        total_loss, total_count = self._sum_over_ranks(self._step_sums).unbind()  # one all-reduce per step
+        estimate, self._step_sums, self._step_estimate = self._step_estimate, None, None
+        if getattr(self.trainer, "accumulate_grad_batches", 1) > 1:
+            factor = estimate.clamp(min=1) / total_count.clamp(min=1)
+            by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+            for param in self.parameters():
+                if param.grad is not None:
+                    by_kind.setdefault((param.grad.device, param.grad.dtype), []).append(param.grad)
+            for (device, dtype), grads in by_kind.items():
+                torch._foreach_mul_(grads, factor.to(device=device, dtype=dtype))
+        # The mean per masked token of the whole step, the same value on every rank. Logged per step only,
+        # so the batch size Lightning asks for weighs nothing (and reading the count would sync the host).
+        self.log("train/loss", total_loss / total_count.clamp(min=1), prog_bar=True, batch_size=1)
 
     @override
     def validation_step(

