@@ -480,7 +480,8 @@ class ExactResume(L.Callback):
         # Called when fit restores a checkpoint, after setup: the current corpus is known.
         check_corpus(state_dict, self.corpus_fingerprint, "the checkpoint")
         saved = state_dict.get(WORLD_KEY)  # absent from checkpoints of older versions: taken as unchanged
-        self._saved_world_size = int(saved) if isinstance(saved, int) and saved > 0 else None
+        valid = isinstance(saved, int) and not isinstance(saved, bool) and saved > 0
+        self._saved_world_size = saved if valid else None
         if self._streaming and self._saved_world_size not in (None, self.world_size):
             raise MLMAdaptError(
                 f"trainer.devices: the checkpoint was written by {self._saved_world_size} ranks and a "

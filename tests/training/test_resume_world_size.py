@@ -94,3 +94,26 @@ def test_a_resume_on_another_number_of_ranks_continues_the_global_example_order(
     got = trained_before + trained_after
     assert {epoch for epoch, _ in got} == {0}  # within the epoch the checkpoint was written in
     assert got == expected[: len(got)]
+
+
+@pytest.mark.parametrize("saved", [1, 4])
+def test_a_streamed_corpus_is_not_resumed_on_another_number_of_ranks(saved):
+    from mlm_adapt.errors import MLMAdaptError
+    from mlm_adapt.training.resume import WORLD_KEY, ExactResume
+
+    callback = ExactResume()
+    callback.world_size, callback._streaming = 2, True
+    with pytest.raises(MLMAdaptError, match=rf"written by {saved} ranks .* resume on {saved} ranks"):
+        callback.load_state_dict({WORLD_KEY: saved})
+    callback.load_state_dict({WORLD_KEY: 2})  # the same number: resumed
+    callback.load_state_dict({})  # a checkpoint that predates the record: taken as the same
+
+
+@pytest.mark.parametrize("crafted", ["2", -1, 0, None, 1.5, True])
+def test_a_crafted_world_size_is_read_as_unrecorded(crafted):
+    from mlm_adapt.training.resume import WORLD_KEY, ExactResume
+
+    callback = ExactResume()
+    callback.world_size, callback._streaming = 2, True
+    callback.load_state_dict({WORLD_KEY: crafted})
+    assert callback._saved_world_size is None
