@@ -18,7 +18,7 @@ from mlm_adapt.errors import MLMAdaptError, exception_line
 from mlm_adapt.export.card import CONFIG_FILENAME, DEFAULT_TAGS, ExportInfo, render_model_card
 from mlm_adapt.guard.loads import pretrained_tokenizer
 from mlm_adapt.guard.outputs import MARKER, Output, write_directory
-from mlm_adapt.model.loading import pretrained_masked_lm
+from mlm_adapt.model.loading import position_limit, pretrained_masked_lm
 
 PROBE_TEXTS = ("北京{mask}{mask}你！", "这本书的内容很好，值得一读。", "房间太小，{mask}务也很一般。")
 # Connection failures surface as the HTTP client's own errors (httpx or httpx2, depending on the
@@ -147,10 +147,13 @@ def push_folder(
     return str(getattr(commit, "commit_url", commit))
 
 
-def probe_batch(tokenizer: PreTrainedTokenizerBase) -> dict[str, torch.Tensor]:
-    """A small padded batch of probe sentences (with masks) for comparing logits."""
+def probe_batch(tokenizer: PreTrainedTokenizerBase, limit: int | None = None) -> dict[str, torch.Tensor]:
+    """A small padded batch of probe sentences (with masks) for comparing logits, at most ``limit`` tokens
+    each (the model's :func:`~mlm_adapt.model.loading.position_limit`)."""
     texts = [t.format(mask=tokenizer.mask_token) for t in PROBE_TEXTS]
-    return dict(tokenizer(texts, padding=True, return_tensors="pt"))
+    if limit is None:
+        return dict(tokenizer(texts, padding=True, return_tensors="pt"))
+    return dict(tokenizer(texts, padding=True, truncation=True, max_length=limit, return_tensors="pt"))
 
 
 @torch.no_grad()
@@ -166,8 +169,9 @@ def verify_export(
     name = name or directory
     param = next(model.parameters())
     reloaded = pretrained_masked_lm(str(directory), "export", dtype=param.dtype).to(param.device).eval()
-    batch = probe_batch(tokenizer)
-    reloaded_batch = probe_batch(pretrained_tokenizer(str(directory), "export"))
+    limit = position_limit(model)[0]
+    batch = probe_batch(tokenizer, limit)
+    reloaded_batch = probe_batch(pretrained_tokenizer(str(directory), "export"), limit)
     if not torch.equal(batch["input_ids"], reloaded_batch["input_ids"]):
         raise MLMAdaptError(
             f"export check failed: the tokenizer saved in {name} encodes the probe differently"
