@@ -28,6 +28,7 @@ import rjieba
 from jsonargparse import ArgumentError, ArgumentParser
 
 from mlm_adapt.errors import Interrupted, MLMAdaptError, Stopped, exception_line, raised
+from mlm_adapt.text.numbers import parse_number
 
 
 @runtime_checkable
@@ -110,17 +111,17 @@ def read_user_dict(path: str | Path) -> list[tuple[str, int | None, str | None]]
         parts = line.split()
         word, freq, tag = parts[0], None, parts[2] if len(parts) > 2 else None
         if len(parts) > 1:
-            if not parts[1].isdigit():
-                raise MLMAdaptError(
-                    f"data.user_dict: {path} line {lineno}: frequency {parts[1]!r} is not an integer; "
-                    "use 'word [freq] [tag]'"
+            freq = int(
+                parse_number(
+                    parts[1],
+                    int,
+                    f"data.user_dict: {path} line {lineno}: frequency {{value}}",
+                    f"use 'word [freq] [tag]' with freq at most {MAX_FREQUENCY} (jieba's own dictionary tops "
+                    "out below 10^6)",
+                    minimum=0,
+                    maximum=MAX_FREQUENCY,
                 )
-            freq = int(parts[1])
-            if freq > MAX_FREQUENCY:
-                raise MLMAdaptError(
-                    f"data.user_dict: {path} line {lineno}: frequency {parts[1]} is too large; use at most "
-                    f"{MAX_FREQUENCY} (jieba's own dictionary tops out below 10^6)"
-                )
+            )
         entries.append((word, freq, tag))
     return entries
 
