@@ -33,8 +33,9 @@ from mlm_adapt.text.numbers import parse_number
 
 @runtime_checkable
 class WordSegmenter(Protocol):
-    """Maps a batch of texts (``list[str]``) to their words (``list[list[str]]``), which must join back to
-    each text, whitespace included. It must pickle (streamed corpora send it to worker processes): load
+    """Maps a batch of texts (``list[str]``) to their words (``list[list[str]]``, one list of ``str`` per
+    text), which must join back to each text; whitespace it drops comes back as words of its own. It must
+    pickle (streamed corpora send it to worker processes): load
     models lazily, on first use, and leave them out of the pickled state."""
 
     # ``Any`` and positional-only: jsonargparse accepts a class for this protocol only when its parameter
@@ -424,19 +425,29 @@ def _describe(segmenter: Any) -> Any:
     return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": args}
 
 
-def _as_list(words: Any) -> list:
-    """A segmenter's words (a sequence or generator) as a list; ``[words]`` when not iterable (refused)."""
+def _as_list(value: Any) -> list | None:
+    """A segmenter's sequence (a list, tuple or generator) as a list; ``None`` for a string, a mapping or
+    something not iterable: no sequence of words (a ``str`` would iterate as characters)."""
+    if isinstance(value, list):
+        return value
+    if isinstance(value, str | bytes | Mapping):
+        return None
     try:
-        return list(words)
+        return list(value)
     except TypeError:
-        return [words]
+        return None
+
+
+def _kind(value: Any) -> str:
+    return "a str" if isinstance(value, str) else f"a {type(value).__name__}"
 
 
 class Segmentation:
     """The configured word segmenter with the join-back check (and optional OpenCC conversion).
 
-    A segmenter that raises, exits, returns the wrong number of word lists or words that do not join back
-    stops preprocessing with one line naming it and the first offending text.
+    A segmenter that raises, exits, returns the wrong number of word lists, something other than a list
+    of ``str`` per text, or words that do not join back (whitespace it drops is put back) stops
+    preprocessing with one line naming it and the first offending text.
 
     Args:
         segmenter: A built-in name, a ``{"class_path": ..., "init_args": {...}}`` mapping or a
@@ -514,9 +525,9 @@ class Segmentation:
         short = repr(text if len(text) <= 60 else text[:60] + "…")
         return MLMAdaptError(f"data.segmenter: {self.name} {problem} on the text {short}; {hint}")
 
-    def _run(self, texts: list[str]) -> list[list[str]]:
+    def _run(self, texts: list[str]) -> Any:
         try:
-            return list(self.segmenter.segment(texts))
+            return self.segmenter.segment(texts)
         except (MLMAdaptError, Interrupted, Stopped):  # a stop signal's exceptions pass as the stop
             raise
         except (SystemExit, KeyboardInterrupt) as exc:
@@ -535,41 +546,61 @@ class Segmentation:
             raise self._fail(raised(exc), offending, "fix the segmenter or its init_args") from None
 
     def segment(self, texts: Sequence[str]) -> list[list[str]]:
-        """The words of each text, checked to join back to it (see the module docstring)."""
+        """The words of each text, checked (:meth:`checked_words`; see the module docstring)."""
         texts = list(texts)
         source = [self.converter.convert(t) for t in texts] if self.converter else texts
-        words = self._run(source)
-        if len(words) != len(texts):
-            raise self._fail(
-                f"returned {len(words)} word lists for {len(texts)} texts",
-                texts[0] if texts else "",
-                "segment(texts) must return one list of words per text",
-            )
-        words = [w if isinstance(w, list) else _as_list(w) for w in words]
-        for text, converted, text_words in zip(texts, source, words, strict=True):
-            try:
-                # str.join refuses anything but strings: one C call checks the types and the text.
-                joins_back = "".join(text_words) == converted
-            except TypeError:
-                joins_back = False
-            if not joins_back:
-                raise self._join_back_error(text, converted, text_words)
+        words = self.checked_words(texts, source, self._run(source))
         if self.converter:
             return [split_like(text, w) for text, w in zip(texts, words, strict=True)]
         return words
 
-    def _join_back_error(self, text: str, converted: str, words: list) -> MLMAdaptError:
-        if all(isinstance(w, str) for w in words) and restore_whitespace(converted, words) is not None:
-            hint = (
-                "return the whitespace as words of their own "
-                "(mlm_adapt.text.segmentation.restore_whitespace does that)"
+    def checked_words(self, texts: list[str], source: list[str], output: Any) -> list[list[str]]:
+        """The one check of what ``segment(source)`` returned: a list of ``str`` per text whose concatenation
+        is the text, apart from whitespace the segmenter dropped (put back as words of its own:
+        :func:`restore_whitespace`). Otherwise one line naming the segmenter and the first bad text (of
+        ``texts``, the user's own: ``source`` may be their OpenCC conversion)."""
+        first = texts[0] if texts else ""
+        word_lists = _as_list(output)
+        if word_lists is None:
+            raise self._fail(
+                f"returned {_kind(output)} for {len(texts)} texts",
+                first,
+                "segment(texts) must return a list with one list of words per text",
             )
-            return self._fail("dropped whitespace", text, hint)
-        return self._fail(
-            "returned words that do not join back",
-            text,
-            'its words must concatenate to the text exactly ("".join(words) == text)',
-        )
+        if len(word_lists) != len(texts):
+            raise self._fail(
+                f"returned {len(word_lists)} word lists for {len(texts)} texts",
+                first,
+                "segment(texts) must return one list of words per text",
+            )
+        checked = []
+        for text, converted, value in zip(texts, source, word_lists, strict=True):
+            words = _as_list(value)
+            if words is None:
+                raise self._fail(
+                    f"returned {_kind(value)} instead of a list of words",
+                    text,
+                    "segment(texts) must return one list of words (str) per text: [['北京', '欢迎', '你']]",
+                )
+            try:
+                # str.join refuses anything but strings: one C call checks the types and the text.
+                joins_back = "".join(words) == converted
+            except TypeError:
+                bad = next(w for w in words if not isinstance(w, str))
+                raise self._fail(
+                    f"returned {_kind(bad)} ({bad!r}) among the words", text, "every word must be a str"
+                ) from None
+            if not joins_back:
+                words = restore_whitespace(converted, words)
+                if words is None:
+                    raise self._fail(
+                        "returned words that do not join back",
+                        text,
+                        'its words must concatenate to the text exactly ("".join(words) == text), apart from '
+                        "whitespace it drops",
+                    )
+            checked.append(words)
+        return checked
 
     def __repr__(self) -> str:
         opencc = f", opencc={self.converter.config!r}" if self.converter else ""
