@@ -428,10 +428,8 @@ def _describe(segmenter: Any) -> Any:
 def _as_list(value: Any) -> list | None:
     """A segmenter's sequence (a list, tuple or generator) as a list; ``None`` for a string, a mapping or
     something not iterable: no sequence of words (a ``str`` would iterate as characters)."""
-    if isinstance(value, list):
-        return value
-    if isinstance(value, str | bytes | Mapping):
-        return None
+    if isinstance(value, list | str | bytes | Mapping):
+        return value if isinstance(value, list) else None
     try:
         return list(value)
     except TypeError:
@@ -439,7 +437,7 @@ def _as_list(value: Any) -> list | None:
 
 
 def _kind(value: Any) -> str:
-    return "a str" if isinstance(value, str) else f"a {type(value).__name__}"
+    return f"a {type(value).__name__}"
 
 
 class Segmentation:
@@ -559,19 +557,13 @@ class Segmentation:
         is the text, apart from whitespace the segmenter dropped (put back as words of its own:
         :func:`restore_whitespace`). Otherwise one line naming the segmenter and the first bad text (of
         ``texts``, the user's own: ``source`` may be their OpenCC conversion)."""
-        first = texts[0] if texts else ""
         word_lists = _as_list(output)
-        if word_lists is None:
+        if word_lists is None or len(word_lists) != len(texts):
+            got = _kind(output) if word_lists is None else f"{len(word_lists)} word lists"
             raise self._fail(
-                f"returned {_kind(output)} for {len(texts)} texts",
-                first,
+                f"returned {got} for {len(texts)} texts",
+                texts[0] if texts else "",
                 "segment(texts) must return a list with one list of words per text",
-            )
-        if len(word_lists) != len(texts):
-            raise self._fail(
-                f"returned {len(word_lists)} word lists for {len(texts)} texts",
-                first,
-                "segment(texts) must return one list of words per text",
             )
         checked = []
         for text, converted, value in zip(texts, source, word_lists, strict=True):
