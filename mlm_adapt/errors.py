@@ -135,8 +135,30 @@ def _first_line(text: str) -> str:
 MAX_PARSER_MESSAGE = 400
 
 
+def _parser_failure(exc: BaseException) -> str | None:
+    """What jsonargparse raises without wrapping it as an ``ArgumentError``, as one line naming the option:
+    a number too large for a float option (``--model.warmup=1`` followed by 400 zeros), a ``--config``
+    file that is not text."""
+    if isinstance(exc, OverflowError):
+        reason = f"the number is too large ({exception_line(exc)}); give a smaller one"
+    elif isinstance(exc, UnicodeDecodeError):
+        reason = f"the file is not UTF-8 text ({exception_line(exc)}); give a YAML file"
+    else:
+        return None
+    for frame, _ in reversed(list(traceback.walk_tb(exc.__traceback__))):
+        action = frame.f_locals.get("self")
+        in_parser = str(frame.f_globals.get("__name__", "")).startswith("jsonargparse")
+        if in_parser and isinstance(action, argparse.Action):
+            return f'Parser key "{action.dest}": {reason}'
+    return None
+
+
 def parser_message(exc: BaseException) -> str | None:
-    """A command-line parser error (argparse/jsonargparse ``ArgumentError``) as one line, else ``None``."""
+    """A command-line parser error (argparse/jsonargparse ``ArgumentError``, or what jsonargparse raises
+    unwrapped: :func:`_parser_failure`) as one line, else ``None``."""
+    failure = _parser_failure(exc)
+    if failure is not None:
+        return failure
     if not isinstance(exc, argparse.ArgumentError):
         return None
     text = re.sub(r"\s+", " ", str(exc)).strip() or "invalid arguments"

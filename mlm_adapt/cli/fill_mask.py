@@ -16,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.loads import is_sharded_checkpoint, pretrained_tokenizer
 from mlm_adapt.model.checkpoints import load_checkpoint, module_from_checkpoint, tokenizer_for
-from mlm_adapt.model.loading import pretrained_masked_lm
+from mlm_adapt.model.loading import position_limit, pretrained_masked_lm
 from mlm_adapt.text.tokenizer import join_pieces, piece_text
 
 MODES = {"none": "[MASK] attended", "zero": "[MASK] not attended"}
@@ -76,12 +76,14 @@ def predict(
     A run is filled greedily (as mask-predict decoding does): its most confident mask is fixed first, the
     model rerun with it filled in, and so on; the filling's probability is the product of those chosen.
     """
-    input_ids = tokenizer(text, return_tensors="pt")["input_ids"][0].to(next(model.parameters()).device)
-    limit = getattr(model.config, "max_position_embeddings", None)
+    # verbose=False: the length is checked here, against what the model can index, in one line.
+    encoded = tokenizer(text, return_tensors="pt", verbose=False)
+    input_ids = encoded["input_ids"][0].to(next(model.parameters()).device)
+    limit, found = position_limit(model)
     if limit is not None and len(input_ids) > limit:
         raise MLMAdaptError(
-            f"TEXT is {len(input_ids)} tokens ([CLS]/[SEP] included); the model takes at most {limit}: "
-            "shorten it to the sentence around the masks"
+            f"TEXT is {len(input_ids)} tokens ([CLS]/[SEP] included); the model takes at most {limit} "
+            f"({found}): shorten it to the sentence around the masks"
         )
     positions = (input_ids == tokenizer.mask_token_id).nonzero().flatten().tolist()
     if not positions:

@@ -23,7 +23,8 @@ from mlm_adapt.export import HFExport
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.model.checkpoints import callback_state, checkpoint_metadata
 from mlm_adapt.model.loading import check_trainer_fits
-from mlm_adapt.text.segmentation import BUILTIN_NAMES, OPENCC_CONFIGS
+from mlm_adapt.text.segmentation import BUILTIN_NAMES
+from mlm_adapt.text.traditional import OPENCC_CONFIGS
 from mlm_adapt.training import default_callbacks, guard_user_callbacks
 from mlm_adapt.training.resume import (
     FIXED_SETTINGS,

@@ -37,8 +37,9 @@ from mlm_adapt.masking.schedule import (
     trainer_stepping,
 )
 from mlm_adapt.text.corpus import expand_files, load_files, load_hub
-from mlm_adapt.text.segmentation import BuiltinSegmenter, OpenCCConfig, Segmentation, WordSegmenter
+from mlm_adapt.text.segmentation import BuiltinSegmenter, Segmentation, WordSegmenter
 from mlm_adapt.text.tokenizer import load_tokenizer
+from mlm_adapt.text.traditional import OpenCCConfig
 
 # The lock that lets one process of a job fill a shared ``datasets`` cache (``.preprocessing.lock`` in it).
 PREPROCESS_LOCK = "preprocessing"

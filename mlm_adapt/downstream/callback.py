@@ -17,6 +17,7 @@ from mlm_adapt.downstream.evaluate import Method, TaskEvaluator
 from mlm_adapt.downstream.features import ForwardContext, Pooling
 from mlm_adapt.downstream.tasks import load_task, parse_task
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.model.loading import position_limit
 from mlm_adapt.text.corpus import expand_files
 from mlm_adapt.text.tokenizer import load_tokenizer
 
@@ -136,8 +137,7 @@ class DownstreamEvaluation(L.Callback):
             return
         if self.cache_dir is None:
             self.cache_dir = (getattr(trainer.datamodule, "hparams", None) or {}).get("cache_dir")
-        model = pl_module.model
-        limit = getattr(model.config, "max_position_embeddings", 512)
+        limit = position_limit(pl_module.model)[0] or 512
         length = self.max_length or pl_module.hparams.get("max_seq_length") or 512
         self.prepare(self._tokenizer(trainer, pl_module), min(length, limit, 512))
 

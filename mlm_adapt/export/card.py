@@ -15,19 +15,25 @@ from mlm_adapt.masking.schedule import parse_schedule
 from mlm_adapt.model.metrics import before_after_names, validation_prefix
 
 CONFIG_FILENAME = "training_config.yaml"
-DEFAULT_TAGS = ("bert", "fill-mask", "chinese", "whole-word-masking", "domain-adaptation", "mlm_adapt")
+# The Hub tags every export gets; the model family's and the masking scheme's are added (run_tags).
+COMMON_TAGS = ("fill-mask", "chinese", "domain-adaptation", "mlm_adapt")
+SCHEME_TAGS = {"whole_word": ("whole-word-masking",), "ngram": ("whole-word-masking", "ngram-masking")}
+JIEBA_SEGMENTERS = ("rjieba", "jieba")
 
 
 @dataclass
 class ExportInfo:
     """What the model card says about the run (all optional: missing facts are left out of the card).
 
-    ``model_hparams`` and ``data_hparams`` are the modules' hyper-parameters; ``baseline_metrics`` the
-    validation metrics of the unadapted model (step 0), ``final_metrics`` those of the exported weights
-    (at ``final_metrics_step``); ``config_yaml`` LightningCLI's resolved config; ``source`` which weights were
-    exported (e.g. ``best checkpoint by val/loss: PATH``); ``repo_id`` the Hub repository of the usage
-    example; ``replay`` what replay under ``data.forgetting_budget`` did
-    (:func:`~mlm_adapt.data.replay.replay_summary`).
+    ``model_hparams`` and ``data_hparams`` are the modules' hyper-parameters (the run's resolved settings:
+    every sentence of the card about masking, segmentation and replay follows from them);
+    ``baseline_metrics`` the validation metrics of the unadapted model (step 0), ``final_metrics`` those of
+    the exported weights (at ``final_metrics_step``); ``config_yaml`` LightningCLI's resolved config;
+    ``source`` which weights were exported (e.g. ``best checkpoint by val/loss: PATH``); ``repo_id`` the
+    Hub repository of the usage example; ``replay`` what replay under ``data.forgetting_budget`` did
+    (:func:`~mlm_adapt.data.replay.replay_summary`); ``tags`` the Hub tags given (``None``: :func:`run_tags`);
+    ``model_type`` and ``mask_token`` those of the exported model and tokenizer (the family's tag, the
+    usage example's mask).
     """
 
     model_hparams: dict[str, Any] = field(default_factory=dict)
@@ -41,9 +47,11 @@ class ExportInfo:
     global_step: int | None = None
     epoch: int | None = None
     license: str = "apache-2.0"
-    tags: list[str] = field(default_factory=lambda: list(DEFAULT_TAGS))
+    tags: list[str] | None = None
     repo_id: str | None = None
     replay: dict[str, Any] = field(default_factory=dict)
+    model_type: str | None = None
+    mask_token: str = "[MASK]"
 
     def resolved_config(self) -> str:
         """The YAML written next to the weights: LightningCLI's resolved config, else the hyperparameters."""
@@ -65,12 +73,60 @@ def val_metrics_at(
     return (dict(history[steps[-1]]), steps[-1]) if steps else ({}, None)
 
 
+def masking_scheme(data: dict[str, Any]) -> str:
+    """The run's training masking scheme (``data.masking``; ``whole_word`` when not recorded)."""
+    return str(data.get("masking") or "whole_word")
+
+
+def run_tags(info: ExportInfo) -> list[str]:
+    """The Hub tags: those given (``export.tags``), else the model family, :data:`COMMON_TAGS` and the
+    masking scheme's (no ``whole-word-masking`` on a token-masking run)."""
+    if info.tags is not None:
+        return list(info.tags)
+    family = [info.model_type] if info.model_type else []
+    return [*family, *COMMON_TAGS, *SCHEME_TAGS.get(masking_scheme(info.data_hparams), ())]
+
+
+def _segmenter(value: Any) -> str | None:
+    """``data.segmenter`` for the card: a name, or a class path with its init args."""
+    if isinstance(value, dict) and "class_path" in value:
+        args = ", ".join(f"{k}={v!r}" for k, v in (value.get("init_args") or {}).items())
+        return f"`{value['class_path']}({args})`"
+    return None if value is None else f"`{value}`"
+
+
+def _user_dict(data: dict[str, Any]) -> str:
+    return f"`{data['user_dict']}`" if data.get("user_dict") else "none"
+
+
+def _evaluation_masks(data: dict[str, Any]) -> str:
+    """How validation is masked, said against how training was: the same only when it is."""
+    scheme = masking_scheme(data)
+    train, evaluation = data.get("mlm_probability"), data.get("eval_mlm_probability")
+    train_rate = None if train is None else parse_schedule(train)
+    same_rate = train_rate is not None and train_rate.constant and train_rate.initial_rate == evaluation
+    rate = f" at rate {evaluation:g}" if isinstance(evaluation, int | float) else ""
+    if scheme == "whole_word" and (same_rate or evaluation is None):
+        return f"Validation masks whole words{rate}, as training did."
+    name = SCHEME_DESCRIPTIONS.get(scheme, (scheme, ""))[0]
+    training = f"{name} at {train_rate.describe()}" if train_rate is not None else name
+    return f"Validation masks whole words{rate} whatever the training, which used {training}."
+
+
 def _is_hub_id(name: str) -> bool:
     return not Path(name).exists() and name.count("/") == 1 and not name.startswith((".", "/"))
 
 
 # Card rows whose string values are shown as they are (not formatted as numbers).
-_VERBATIM = ("training data", "masking", "validation data", "mlm_probability", "general text replayed")
+_VERBATIM = (
+    "training data",
+    "masking",
+    "validation data",
+    "mlm_probability",
+    "general text replayed",
+    "segmenter",
+    "user dictionary",
+)
 
 
 def _fmt(value: Any, digits: int | None = None) -> str:
@@ -161,11 +217,21 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         license=info.license,
         library_name="transformers",
         pipeline_tag="fill-mask",
-        tags=list(info.tags),
+        tags=run_tags(info),
         base_model=base if _is_hub_id(base) else None,  # the Hub only accepts repository ids here
     )
     target = info.repo_id or title
-    scheme, unit = SCHEME_DESCRIPTIONS.get(str(data.get("masking") or "whole_word"), ("masking", "unknown"))
+    scheme, unit = SCHEME_DESCRIPTIONS.get(masking_scheme(data), ("masking", "unknown"))
+    before, after = info.baseline_metrics, info.final_metrics
+    names = set(before) | set(after)
+    sets = "`val/*` is the validation set"
+    if any(n.startswith("val_") for n in names) or isinstance(data.get("validation_files"), dict):
+        sets = "`val/*` is the first validation set, `val_<name>/*` the others (see Corpus)"
+    if any(n.startswith("downstream/") for n in names):
+        sets += (
+            "; `downstream/<task>/*` are labelled-task scores of the encoder (the `downstream:` section of "
+            "the training configuration)"
+        )
     lines = [
         f"# {title}",
         "",
@@ -178,18 +244,15 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         "from transformers import pipeline",
         "",
         f'fill_mask = pipeline("fill-mask", model="{target}")',
-        'print(fill_mask("北京[MASK][MASK]你！"))',
+        f'print(fill_mask("北京{info.mask_token}你！"))',
         "```",
         "",
         "## Evaluation",
         "",
-        "Masked-token metrics on the validation data, masked the same way as in training "
-        "(loss: cross-entropy over masked tokens; perplexity: its exponential). `val/*` is the first "
-        "validation set, `val_<name>/*` the others (see Corpus); `downstream/<task>/*` are labelled-task "
-        "scores of the encoder (the `downstream:` section of the training configuration).",
+        "Masked-token metrics on the validation data (loss: cross-entropy over masked tokens; perplexity: "
+        f"its exponential). {_evaluation_masks(data)} {sets}.",
         "",
     ]
-    before, after = info.baseline_metrics, info.final_metrics
     if before or after:
         step = info.final_metrics_step
         after_head = f"after (step {step})" if step is not None else "after"
@@ -205,12 +268,13 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     corpus = [("training data", files), *_replay_rows(data)]
     corpus += [("validation data", _validation_data(data))]
     corpus += [(k.replace("_", " "), v) for k, v in info.corpus_stats.items()]
+    jieba = data.get("segmenter", "rjieba") in JIEBA_SEGMENTERS
     masking = [
         ("masking", f"{scheme} ({unit}); validation masks whole words whatever the training scheme"),
-        ("segmenter", data.get("segmenter")),
+        ("segmenter", _segmenter(data.get("segmenter"))),
         ("segmented through OpenCC", data.get("opencc")),  # Traditional text, Simplified segmentation
-        ("jieba HMM", data.get("hmm")),
-        ("user dictionary", data.get("user_dict")),
+        ("jieba HMM", data.get("hmm") if jieba else None),
+        ("user dictionary", _user_dict(data) if jieba else None),
         ("mlm_probability", None if rate is None else parse_schedule(rate).describe()),
         ("eval_mlm_probability (validation masks)", data.get("eval_mlm_probability")),
         ("mask_replace_prob ([MASK])", data.get("mask_replace_prob")),
@@ -219,7 +283,7 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         ("packing", data.get("packing")),
     ]
     for heading, rows in (("Corpus", corpus), ("Masking", masking), ("Training", _training_settings(info))):
-        shown = [(k, v) for k, v in rows if v is not None or k == "user dictionary"]
+        shown = [(k, v) for k, v in rows if v is not None]
         lines += ["", f"## {heading}", ""] + [
             f"- {k}: {v if isinstance(v, str) and k in _VERBATIM else _fmt(v)}" for k, v in shown
         ]

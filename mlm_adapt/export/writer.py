@@ -3,7 +3,7 @@ and the options the callback and ``python -m mlm_adapt export`` share."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -15,10 +15,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError, exception_line
-from mlm_adapt.export.card import CONFIG_FILENAME, DEFAULT_TAGS, ExportInfo, render_model_card
+from mlm_adapt.export.card import CONFIG_FILENAME, ExportInfo, render_model_card
 from mlm_adapt.guard.loads import pretrained_tokenizer
 from mlm_adapt.guard.outputs import MARKER, Output, write_directory
-from mlm_adapt.model.loading import pretrained_masked_lm
+from mlm_adapt.model.loading import position_limit, pretrained_masked_lm
 
 PROBE_TEXTS = ("北京{mask}{mask}你！", "这本书的内容很好，值得一读。", "房间太小，{mask}务也很一般。")
 # Connection failures surface as the HTTP client's own errors (httpx or httpx2, depending on the
@@ -36,7 +36,9 @@ class ExportOptions:
             directory, a run directory and a directory holding an input are refused, overwrite or not.
         verify: Reload the export and compare its logits with the trained weights on a probe batch.
         license: License identifier in the model card.
-        tags: Hub tags in the model card (default: bert, fill-mask, chinese, whole-word-masking, ...).
+        tags: Hub tags in the model card; default: the model's family (bert, xlm-roberta, ...), fill-mask,
+            chinese, domain-adaptation, mlm_adapt and the masking scheme's (whole-word-masking unless
+            data.masking is token).
         push_to_hub: Upload the directory to the Hub (token from HF_TOKEN or `hf auth login`, never printed).
         repo_id: Hub repository NAME or ORG/NAME; required with push_to_hub.
         private: Create the Hub repository as private.
@@ -50,7 +52,7 @@ class ExportOptions:
     overwrite: bool = False
     verify: bool = True
     license: str = "apache-2.0"
-    tags: list[str] = field(default_factory=lambda: list(DEFAULT_TAGS))
+    tags: list[str] | None = None
     push_to_hub: bool = False
     repo_id: str | None = None
     private: bool = False
@@ -64,13 +66,13 @@ class ExportOptions:
             )
         if self.repo_id is not None:
             check_repo_id(self.repo_id, f"{self.option_prefix}repo_id")
-        self.tags = list(self.tags) if self.tags is not None else list(DEFAULT_TAGS)
+        self.tags = list(self.tags) if self.tags is not None else None
 
     def card_fields(self) -> dict[str, Any]:
         """What the model card states of these options (``ExportInfo``'s license, tags and Hub repo)."""
         return {
             "license": self.license,
-            "tags": list(self.tags),
+            "tags": list(self.tags) if self.tags is not None else None,
             "repo_id": self.repo_id if self.push_to_hub else None,
         }
 
@@ -147,10 +149,13 @@ def push_folder(
     return str(getattr(commit, "commit_url", commit))
 
 
-def probe_batch(tokenizer: PreTrainedTokenizerBase) -> dict[str, torch.Tensor]:
-    """A small padded batch of probe sentences (with masks) for comparing logits."""
+def probe_batch(tokenizer: PreTrainedTokenizerBase, limit: int | None = None) -> dict[str, torch.Tensor]:
+    """A small padded batch of probe sentences (with masks) for comparing logits, at most ``limit`` tokens
+    each (the model's :func:`~mlm_adapt.model.loading.position_limit`)."""
     texts = [t.format(mask=tokenizer.mask_token) for t in PROBE_TEXTS]
-    return dict(tokenizer(texts, padding=True, return_tensors="pt"))
+    if limit is None:
+        return dict(tokenizer(texts, padding=True, return_tensors="pt"))
+    return dict(tokenizer(texts, padding=True, truncation=True, max_length=limit, return_tensors="pt"))
 
 
 @torch.no_grad()
@@ -166,8 +171,9 @@ def verify_export(
     name = name or directory
     param = next(model.parameters())
     reloaded = pretrained_masked_lm(str(directory), "export", dtype=param.dtype).to(param.device).eval()
-    batch = probe_batch(tokenizer)
-    reloaded_batch = probe_batch(pretrained_tokenizer(str(directory), "export"))
+    limit = position_limit(model)[0]
+    batch = probe_batch(tokenizer, limit)
+    reloaded_batch = probe_batch(pretrained_tokenizer(str(directory), "export"), limit)
     if not torch.equal(batch["input_ids"], reloaded_batch["input_ids"]):
         raise MLMAdaptError(
             f"export check failed: the tokenizer saved in {name} encodes the probe differently"
@@ -201,6 +207,9 @@ def write_export(
     ``output``'s lock, checks and publishes them (:func:`~mlm_adapt.guard.outputs.write_directory`); returns
     the reload check's largest logit difference (``None`` when ``verify`` is off)."""
     progress = progress or Progress("export")
+    # What the card's tags and usage example say of the model: those of the weights written here.
+    info.model_type = info.model_type or getattr(model.config, "model_type", None)
+    info.mask_token = tokenizer.mask_token or info.mask_token
     stages = progress.stages(3 + verify, f"Exporting to {Path(output.path).name}")
     publishing = progress.phase(f"publishing {output.path}")
     with stages, write_directory(output, publishing) as staging:

@@ -16,11 +16,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import itertools
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
@@ -29,12 +27,15 @@ from jsonargparse import ArgumentError, ArgumentParser
 
 from mlm_adapt.errors import Interrupted, MLMAdaptError, Stopped, exception_line, raised
 from mlm_adapt.guard.user_code import ends_process, same_directory
+from mlm_adapt.text.numbers import parse_number
+from mlm_adapt.text.traditional import EXTRA_HINT, ChineseConverter, split_like
 
 
 @runtime_checkable
 class WordSegmenter(Protocol):
-    """Maps a batch of texts (``list[str]``) to their words (``list[list[str]]``), which must join back to
-    each text, whitespace included. It must pickle (streamed corpora send it to worker processes): load
+    """Maps a batch of texts (``list[str]``) to their words (``list[list[str]]``, one list of ``str`` per
+    text), which must join back to each text; whitespace it drops comes back as words of its own. It must
+    pickle (streamed corpora send it to worker processes): load
     models lazily, on first use, and leave them out of the pickled state."""
 
     # ``Any`` and positional-only: jsonargparse accepts a class for this protocol only when its parameter
@@ -111,17 +112,17 @@ def read_user_dict(path: str | Path) -> list[tuple[str, int | None, str | None]]
         parts = line.split()
         word, freq, tag = parts[0], None, parts[2] if len(parts) > 2 else None
         if len(parts) > 1:
-            if not parts[1].isdigit():
-                raise MLMAdaptError(
-                    f"data.user_dict: {path} line {lineno}: frequency {parts[1]!r} is not an integer; "
-                    "use 'word [freq] [tag]'"
+            freq = int(
+                parse_number(
+                    parts[1],
+                    int,
+                    f"data.user_dict: {path} line {lineno}: frequency {{value}}",
+                    f"use 'word [freq] [tag]' with freq at most {MAX_FREQUENCY} (jieba's own dictionary tops "
+                    "out below 10^6)",
+                    minimum=0,
+                    maximum=MAX_FREQUENCY,
                 )
-            freq = int(parts[1])
-            if freq > MAX_FREQUENCY:
-                raise MLMAdaptError(
-                    f"data.user_dict: {path} line {lineno}: frequency {parts[1]} is too large; use at most "
-                    f"{MAX_FREQUENCY} (jieba's own dictionary tops out below 10^6)"
-                )
+            )
         entries.append((word, freq, tag))
     return entries
 
@@ -182,9 +183,6 @@ class Segmenter:
 
     def __repr__(self) -> str:
         return f"Segmenter(backend={self.backend!r}, hmm={self.hmm}, user_dict={self.user_dict!r})"
-
-
-EXTRA_HINT = "install it with: pip install 'mlm_adapt[segmenters]'"
 
 
 class _LazyModel:
@@ -306,66 +304,6 @@ class PkusegSegmenter(_LazyModel):
         return self._model.cut(text)
 
 
-OpenCCConfig = Literal["t2s", "tw2s", "hk2s"]
-OPENCC_CONFIGS: tuple[str, ...] = get_args(OpenCCConfig)
-
-
-class ChineseConverter:
-    """``data.opencc``: the Simplified copy of Traditional text that the segmenter sees.
-
-    jieba's dictionary (and most segmenters' models) is Simplified: on Taiwan or Hong Kong text it splits
-    most words into characters. The word boundaries found in the copy are mapped back to the original text
-    by character position, so the training text, tokens and exports stay Traditional. OpenCC's character
-    tables keep every character in place; a phrase that changes length (網際網路 -> 互联网 under ``tw2sp``)
-    does not, so such a text is converted character by character instead (losing the phrase context).
-    ``config``: ``t2s`` (Traditional), ``tw2s`` (Taiwan) or ``hk2s`` (Hong Kong) to Simplified.
-    """
-
-    def __init__(self, config: str) -> None:
-        if config not in OPENCC_CONFIGS:
-            raise MLMAdaptError(
-                f"data.opencc: unknown OpenCC configuration {config!r}; use one of "
-                f"{', '.join(OPENCC_CONFIGS)} (to Simplified) or null"
-            )
-        self.config = config
-        self._opencc: Any = None
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_opencc": None}
-
-    def _converter(self) -> Any:
-        if self._opencc is None:
-            try:
-                import opencc  # noqa: PLC0415 (optional dependency, only with data.opencc)
-            except ImportError:
-                raise MLMAdaptError(f"data.opencc needs the opencc package; {EXTRA_HINT}") from None
-            try:
-                self._opencc = opencc.OpenCC(self.config)
-            except RuntimeError as exc:  # the configuration file is missing from the installed package
-                raise MLMAdaptError(f"data.opencc: OpenCC cannot load {self.config!r}: {exc}") from None
-        return self._opencc
-
-    def convert(self, text: str) -> str:
-        """``text`` converted, character for character (same length, same positions)."""
-        converter = self._converter()
-        converted = converter.convert(text)
-        if len(converted) == len(text):
-            return converted
-        return "".join(_char_conversion(converter, ch) for ch in text)
-
-
-@lru_cache(maxsize=65536)
-def _char_conversion(converter: Any, ch: str) -> str:
-    converted = converter.convert(ch)
-    return converted if len(converted) == 1 else ch
-
-
-def split_like(text: str, words: list[str]) -> list[str]:
-    """``text`` cut at the same positions as ``words`` (words of a same-length converted copy)."""
-    bounds = [0, *itertools.accumulate(map(len, words))]
-    return [text[start:end] for start, end in itertools.pairwise(bounds)]
-
-
 BuiltinSegmenter = Literal["rjieba", "jieba", "thulac", "snownlp", "pkuseg"]
 BUILTIN_NAMES = get_args(BuiltinSegmenter)
 BUILTIN_CLASSES = {"thulac": ThulacSegmenter, "snownlp": SnownlpSegmenter, "pkuseg": PkusegSegmenter}
@@ -425,19 +363,27 @@ def _describe(segmenter: Any) -> Any:
     return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": args}
 
 
-def _as_list(words: Any) -> list:
-    """A segmenter's words (a sequence or generator) as a list; ``[words]`` when not iterable (refused)."""
+def _as_list(value: Any) -> list | None:
+    """A segmenter's sequence (a list, tuple or generator) as a list; ``None`` for a string, a mapping or
+    something not iterable: no sequence of words (a ``str`` would iterate as characters)."""
+    if isinstance(value, list | str | bytes | Mapping):
+        return value if isinstance(value, list) else None
     try:
-        return list(words)
+        return list(value)
     except TypeError:
-        return [words]
+        return None
+
+
+def _kind(value: Any) -> str:
+    return f"a {type(value).__name__}"
 
 
 class Segmentation:
     """The configured word segmenter with the join-back check (and optional OpenCC conversion).
 
-    A segmenter that raises, exits, returns the wrong number of word lists or words that do not join back
-    stops preprocessing with one line naming it and the first offending text.
+    A segmenter that raises, exits, returns the wrong number of word lists, something other than a list
+    of ``str`` per text, or words that do not join back (whitespace it drops is put back) stops
+    preprocessing with one line naming it and the first offending text.
 
     Args:
         segmenter: A built-in name, a ``{"class_path": ..., "init_args": {...}}`` mapping or a
@@ -520,7 +466,7 @@ class Segmentation:
         short = repr(text if len(text) <= 60 else text[:60] + "…")
         return MLMAdaptError(f"data.segmenter: {self.name} {problem} on the text {short}; {hint}")
 
-    def _run(self, texts: list[str]) -> list[list[str]]:
+    def _run(self, texts: list[str]) -> Any:
         first = texts[0] if texts else ""
         if isinstance(self.spec, dict) and self._probed != os.getpid():
             # User code's first call in each process runs in a probe first: an os._exit there, which no
@@ -530,7 +476,7 @@ class Segmentation:
                 raise self._fail(ended, first, "a segmenter must return words, never end the process")
         try:
             with same_directory(lambda change: self._fail(change, first, _NO_CHDIR)):
-                return list(self.segmenter.segment(texts))
+                return self.segmenter.segment(texts)  # checked by checked_words
         except (MLMAdaptError, Interrupted, Stopped):  # a stop signal's exceptions pass as the stop
             raise
         except (SystemExit, KeyboardInterrupt) as exc:
@@ -549,41 +495,55 @@ class Segmentation:
             raise self._fail(raised(exc), offending, "fix the segmenter or its init_args") from None
 
     def segment(self, texts: Sequence[str]) -> list[list[str]]:
-        """The words of each text, checked to join back to it (see the module docstring)."""
+        """The words of each text, checked (:meth:`checked_words`; see the module docstring)."""
         texts = list(texts)
         source = [self.converter.convert(t) for t in texts] if self.converter else texts
-        words = self._run(source)
-        if len(words) != len(texts):
-            raise self._fail(
-                f"returned {len(words)} word lists for {len(texts)} texts",
-                texts[0] if texts else "",
-                "segment(texts) must return one list of words per text",
-            )
-        words = [w if isinstance(w, list) else _as_list(w) for w in words]
-        for text, converted, text_words in zip(texts, source, words, strict=True):
-            try:
-                # str.join refuses anything but strings: one C call checks the types and the text.
-                joins_back = "".join(text_words) == converted
-            except TypeError:
-                joins_back = False
-            if not joins_back:
-                raise self._join_back_error(text, converted, text_words)
+        words = self.checked_words(texts, source, self._run(source))
         if self.converter:
             return [split_like(text, w) for text, w in zip(texts, words, strict=True)]
         return words
 
-    def _join_back_error(self, text: str, converted: str, words: list) -> MLMAdaptError:
-        if all(isinstance(w, str) for w in words) and restore_whitespace(converted, words) is not None:
-            hint = (
-                "return the whitespace as words of their own "
-                "(mlm_adapt.text.segmentation.restore_whitespace does that)"
+    def checked_words(self, texts: list[str], source: list[str], output: Any) -> list[list[str]]:
+        """The one check of what ``segment(source)`` returned: a list of ``str`` per text whose concatenation
+        is the text, apart from whitespace the segmenter dropped (put back as words of its own:
+        :func:`restore_whitespace`). Otherwise one line naming the segmenter and the first bad text (of
+        ``texts``, the user's own: ``source`` may be their OpenCC conversion)."""
+        word_lists = _as_list(output)
+        if word_lists is None or len(word_lists) != len(texts):
+            got = _kind(output) if word_lists is None else f"{len(word_lists)} word lists"
+            raise self._fail(
+                f"returned {got} for {len(texts)} texts",
+                texts[0] if texts else "",
+                "segment(texts) must return a list with one list of words per text",
             )
-            return self._fail("dropped whitespace", text, hint)
-        return self._fail(
-            "returned words that do not join back",
-            text,
-            'its words must concatenate to the text exactly ("".join(words) == text)',
-        )
+        checked = []
+        for text, converted, value in zip(texts, source, word_lists, strict=True):
+            words = _as_list(value)
+            if words is None:
+                raise self._fail(
+                    f"returned {_kind(value)} instead of a list of words",
+                    text,
+                    "segment(texts) must return one list of words (str) per text: [['北京', '欢迎', '你']]",
+                )
+            try:
+                # str.join refuses anything but strings: one C call checks the types and the text.
+                joins_back = "".join(words) == converted
+            except TypeError:
+                bad = next(w for w in words if not isinstance(w, str))
+                raise self._fail(
+                    f"returned {_kind(bad)} ({bad!r}) among the words", text, "every word must be a str"
+                ) from None
+            if not joins_back:
+                words = restore_whitespace(converted, words)
+                if words is None:
+                    raise self._fail(
+                        "returned words that do not join back",
+                        text,
+                        'its words must concatenate to the text exactly ("".join(words) == text), apart from '
+                        "whitespace it drops",
+                    )
+            checked.append(words)
+        return checked
 
     def __repr__(self) -> str:
         opencc = f", opencc={self.converter.config!r}" if self.converter else ""

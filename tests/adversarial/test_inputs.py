@@ -152,8 +152,14 @@ def test_bio_task_and_unicode_task_name_still_load(tmp_path):
 
 @pytest.mark.parametrize(
     ("line", "expected"),
-    [("术语 100000000000000000000000000", "line 2: frequency 1000"), ("术语 12abc", "is not an integer")],
-    ids=["frequency_1e26", "frequency_not_integer"],
+    [
+        ("术语 100000000000000000000000000", "line 2: frequency 1000"),
+        ("术语 12abc", "is not an integer"),
+        ("医保 ² n", "frequency '²' is not an integer"),
+        ("医保 ½ n", "frequency '½' is not an integer"),
+        ("医保 -5 n", "frequency -5 is below 0"),
+    ],
+    ids=["frequency_1e26", "frequency_not_integer", "superscript_digit", "vulgar_fraction", "negative"],
 )
 def test_user_dictionary_frequency(line, expected, tmp_path):
     path = tmp_path / "dict.txt"
@@ -162,6 +168,41 @@ def test_user_dictionary_frequency(line, expected, tmp_path):
         read_user_dict(path)
     message = one_line(info)
     assert message.startswith(f"data.user_dict: {path} line 2") and expected in message
+
+
+def test_user_dictionary_frequency_in_full_width_digits_is_read(tmp_path):
+    path = tmp_path / "dict.txt"
+    path.write_text("医保 １０ n\n术语 ٣\n", encoding="utf-8")
+    assert read_user_dict(path) == [("医保", 10, "n"), ("术语", 3, None)]
+
+
+@pytest.mark.parametrize("command", ["preview", "prepare", "fit"])
+def test_user_dictionary_with_a_non_ascii_digit_is_one_line_in_every_command(
+    command, tiny_model_dir, tmp_path, capsys
+):
+    from mlm_adapt.cli.commands import main
+
+    user_dict = tmp_path / "dict.txt"
+    user_dict.write_text("医保 ² n\n", encoding="utf-8")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("医保报销很方便。\n" * 20, encoding="utf-8")
+    args = [
+        f"--model.model_name_or_path={tiny_model_dir}",
+        "--model.max_seq_length=64",
+        f"--data.train_files=[{corpus}]",
+        f"--data.user_dict={user_dict}",
+        f"--data.prepared_dir={tmp_path / 'prepared'}",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        "--data.num_workers=0",
+        "--trainer.logger=false",
+        "--trainer.accelerator=cpu",
+    ]
+    with pytest.raises(SystemExit) as stopped:
+        main([command, *args])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("mlm_adapt: error:")]
+    assert stopped.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert lines[0].startswith(f"mlm_adapt: error: data.user_dict: {user_dict} line 1: frequency '²'")
 
 
 def test_user_dictionary_large_but_sane_frequency_segments(tmp_path):

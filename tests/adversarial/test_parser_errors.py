@@ -35,6 +35,16 @@ def write(tmp_path: Path, name: str, text: str) -> str:
 # name: (arguments (tmp_path -> list), text the line must hold, the --help hint's command)
 CASES = {
     "fit_bad_int": (lambda t: ["fit", "--trainer.max_steps", "abc"], "trainer.max_steps", "fit"),
+    "fit_float_overflow": (
+        lambda t: ["fit", "--model.warmup", "1" + "0" * 400],
+        'Parser key "model.warmup": the number is too large',
+        "fit",
+    ),
+    "plot_binary_config": (
+        lambda t: ["plot", "run", "--config", str(t / "c.png")],
+        'Parser key "config": the file is not UTF-8 text',
+        "plot",
+    ),
     "fit_unknown_flag": (lambda t: ["fit", "--nosuch", "1"], "unrecognized arguments: --nosuch", "fit"),
     "fit_flag_without_value": (
         lambda t: ["fit", "--model.model_name_or_path"],
@@ -81,6 +91,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_parser_error_is_one_line(case, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["mlm_adapt"])  # as from a shell: no pytest arguments to warn about
+    (tmp_path / "c.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
     build, expected, command = CASES[case]
     with pytest.raises(SystemExit) as stopped:
         main(build(tmp_path))

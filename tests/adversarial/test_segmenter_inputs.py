@@ -16,11 +16,11 @@ class RaisesOnBadReview:
         return [list(t) for t in texts]
 
 
-class DropsWhitespace:
-    """A user segmenter that loses whitespace (what raw pkuseg and snownlp do)."""
+class StringPerText:
+    """A user segmenter that returns each text as a string, not a list of words."""
 
-    def segment(self, texts: list[str]) -> list[list[str]]:
-        return [t.split() for t in texts]
+    def segment(self, texts: list[str]) -> list[str]:
+        return [t.replace(" ", "") for t in texts]
 
 
 HERE = __name__
@@ -46,10 +46,10 @@ CASES = {
         [f"--data.segmenter={HERE}.RaisesOnBadReview"],
         f"data.segmenter: {HERE}.RaisesOnBadReview raised RuntimeError: segmenter model crashed on the text",
     ),
-    "drops-whitespace": (
-        "preview",
-        [f"--data.segmenter={HERE}.DropsWhitespace"],
-        f"data.segmenter: {HERE}.DropsWhitespace dropped whitespace on the text",
+    "str-per-text": (
+        "fit",
+        [f"--data.segmenter={HERE}.StringPerText", "--trainer.max_steps=1"],
+        f"data.segmenter: {HERE}.StringPerText returned a str instead of a list of words on the text",
     ),
     "jieba-option-with-other-segmenter": (
         "preview",

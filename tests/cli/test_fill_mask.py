@@ -106,3 +106,39 @@ def test_text_without_mask_is_a_one_line_error(tiny_model_dir, capsys):
         main(["fill-mask", "--model", str(tiny_model_dir), "北京欢迎你"])
     assert exit_info.value.code == 2
     assert "TEXT has no [MASK]" in capsys.readouterr().err
+
+
+def _texts_by_length(tokenizer, lengths: range) -> dict[int, str]:
+    """A text with one mask for each token count in ``lengths`` that some text of repeated characters hits."""
+    found: dict[int, str] = {}
+    for repeat in range(lengths.stop + 4):
+        text = "好" * repeat + tokenizer.mask_token
+        found.setdefault(len(tokenizer(text, verbose=False)["input_ids"]), text)
+    return {n: found[n] for n in lengths if n in found}
+
+
+@pytest.mark.parametrize("family", ["bert", "xlmr"])
+def test_texts_around_the_position_limit_run_or_are_one_line(family, capsys):
+    """RoBERTa-style tables count positions after padding_idx: 130 rows hold 128 tokens, not 130."""
+    from families import MAX_POSITIONS, family_dir
+    from transformers import AutoTokenizer
+
+    model_dir = family_dir(family)
+    texts = _texts_by_length(
+        AutoTokenizer.from_pretrained(model_dir), range(MAX_POSITIONS - 3, MAX_POSITIONS + 2)
+    )
+    assert len(texts) >= 4, sorted(texts)
+    for length, text in texts.items():
+        try:
+            main(["fill-mask", "--model", str(model_dir), text])
+            code = 0
+        except SystemExit as stopped:
+            code = stopped.code
+        captured = capsys.readouterr()
+        if length <= MAX_POSITIONS:
+            assert code == 0 and "mask 1" in captured.out, (length, captured.err[-2000:])
+        else:
+            lines = [line for line in captured.err.splitlines() if line.strip()]
+            assert code == 2 and len(lines) == 1, (length, captured.err[-2000:])
+            assert lines[0].startswith(f"mlm_adapt: error: TEXT is {length} tokens")
+            assert f"at most {MAX_POSITIONS}" in lines[0]

