@@ -10,12 +10,12 @@ import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
 from mlm_adapt.data.replay import parse_mix_rate
+from mlm_adapt.export.options import DEFAULT_TAGS
 from mlm_adapt.masking.collator import SCHEME_DESCRIPTIONS
 from mlm_adapt.masking.schedule import parse_schedule
 from mlm_adapt.model.metrics import before_after_names, validation_prefix
 
 CONFIG_FILENAME = "training_config.yaml"
-DEFAULT_TAGS = ("bert", "fill-mask", "chinese", "whole-word-masking", "domain-adaptation", "mlm_adapt")
 
 
 @dataclass
