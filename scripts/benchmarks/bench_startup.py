@@ -24,27 +24,26 @@ REPO = Path(__file__).resolve().parents[2]
 def cases(missing: Path) -> list[tuple[str, list[str]]]:
     """``(label, arguments of python)``: the baselines, then per command its --help and a refusal."""
     files = f"--data.train_files=[{missing / 'corpus.txt'}]"
+    # Command -> (what is missing, its arguments).
     refusals = {
-        "fit": ["fit", "--config", str(missing / "fit.yaml")],
-        "validate": ["validate", "--config", str(missing / "fit.yaml")],
-        "test": ["test", "--config", str(missing / "fit.yaml")],
-        "prepare": ["prepare", files, f"--data.prepared_dir={missing / 'prepared'}"],
-        "preview": ["preview", files],
-        "export": ["export", "--ckpt_path", str(missing / "last.ckpt"), "--output_dir", str(missing / "out")],
-        "fill-mask": ["fill-mask", "北京[MASK]你", "--model", str(missing / "model")],
-        "vocab": ["vocab", files],
-        "plot": ["plot", str(missing / "run")],
+        "fit": ("--config", ["fit", "--config", str(missing / "fit.yaml")]),
+        "validate": ("--config", ["validate", "--config", str(missing / "fit.yaml")]),
+        "test": ("--config", ["test", "--config", str(missing / "fit.yaml")]),
+        "prepare": ("--data.train_files", ["prepare", files, f"--data.prepared_dir={missing / 'prepared'}"]),
+        "preview": ("--data.train_files", ["preview", files]),
+        "export": (
+            "--ckpt_path",
+            ["export", "--ckpt_path", str(missing / "last.ckpt"), "--output_dir", "out"],
+        ),
+        "fill-mask": ("--model", ["fill-mask", "北京[MASK]你", "--model", str(missing / "model")]),
+        "vocab": ("--data.train_files", ["vocab", files]),
+        "plot": ("RUN_DIR", ["plot", str(missing / "run")]),
     }
     found = [("python -c pass", ["-c", "pass"]), ('python -c "import lightning"', ["-c", "import lightning"])]
     found.append(("python -m mlm_adapt (usage)", ["-m", "mlm_adapt"]))
-    for command, refusal in refusals.items():
+    for command, (what, refusal) in refusals.items():
         found.append((f"{command} --help", ["-m", "mlm_adapt", command, "--help"]))
-        found.append(
-            (
-                f"{command}: missing {refusal[-1].rsplit('/', 1)[-1].rstrip(']')}",
-                ["-m", "mlm_adapt", *refusal],
-            )
-        )
+        found.append((f"{command}: missing {what}", ["-m", "mlm_adapt", *refusal]))
     return found
 
 
