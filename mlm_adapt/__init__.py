@@ -1,11 +1,33 @@
 """mlm_adapt: domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family models (the packages
-and their layers: docs/architecture.md)."""
+and their layers: docs/architecture.md).
 
-from mlm_adapt.data import MLMDataModule
-from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.masking import WholeWordMaskCollator
-from mlm_adapt.model import MaskedLMModule
-from mlm_adapt.text.segmentation import Segmenter
+The public names below are imported on first use: ``python -m mlm_adapt --help`` (which imports this
+package first) and the light commands do not pay for torch, Lightning and transformers."""
 
-__all__ = ["MLMAdaptError", "MLMDataModule", "MaskedLMModule", "Segmenter", "WholeWordMaskCollator"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "MLMAdaptError": "mlm_adapt.errors",
+    "MLMDataModule": "mlm_adapt.data",
+    "MaskedLMModule": "mlm_adapt.model",
+    "Segmenter": "mlm_adapt.text.segmentation",
+    "WholeWordMaskCollator": "mlm_adapt.masking",
+}
+__all__ = sorted(_EXPORTS)
 __version__ = "0.2.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # once: later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

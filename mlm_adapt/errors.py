@@ -1,6 +1,8 @@
 """User-facing errors: one line naming the file or config key at fault and how to fix it, also for library
-exceptions that are the user's doing (a Lightning misconfiguration, a full disk, a missing file). Every
-layer imports this module, so it imports neither torch nor Lightning: their exceptions are known by name.
+exceptions that are the user's doing (a Lightning misconfiguration, a full disk, a missing file); and the
+stops: the signal received (:data:`STOP`), its handlers outside training and the exceptions they raise.
+Every layer imports this module, so it imports neither torch nor Lightning: their exceptions are known by
+name.
 """
 
 from __future__ import annotations
@@ -10,8 +12,12 @@ import contextlib
 import errno
 import os
 import re
+import signal
+import threading
 import traceback
 from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
 
 DEBUG_ENV = "MLM_ADAPT_DEBUG"
 DEBUG_HINT = f"rerun with --debug or {DEBUG_ENV}=1 for the traceback"
@@ -38,6 +44,75 @@ class Interrupted(KeyboardInterrupt):
 class Stopped(SystemExit):
     """The exit (``128 + signal``) a stop signal raises outside training (SIGTERM, SIGUSR1); like
     :class:`Interrupted`, it passes every boundary of user code as the stop it is."""
+
+
+class StopState:
+    """The stop signal received by this process (shared by the handlers, the callback and the CLI)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """No signal yet (each command starts so, also several in one process)."""
+        self.signum: int | None = None
+        self.checkpoint: Path | None = None
+        self.step: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """``128 + signal``, as a shell reports a process the signal ended (143 for SIGTERM)."""
+        return 128 + int(self.signum or signal.SIGTERM)
+
+    def summary(self, command: str = "fit") -> str:
+        """One line for the user: the command, which signal, what was kept, and how to continue."""
+        name = signal.Signals(self.signum or signal.SIGTERM).name
+        if self.checkpoint is not None and not Path(self.checkpoint).is_file():
+            # Never name a checkpoint that is not there (a save that did not write, a file removed since).
+            return (
+                f"{command} stopped by {name} at step {self.step}, but its checkpoint {self.checkpoint} is "
+                "missing; continue from an earlier checkpoint (--ckpt_path) or run the same command again"
+            )
+        if self.checkpoint is not None:
+            return (
+                f"{command} stopped by {name}: saved {self.checkpoint} at step {self.step}; continue with "
+                "--ckpt_path last (same config)"
+            )
+        if command == "fit" and self.step is not None:  # Ctrl-C in training: Lightning stopped at once
+            return (
+                f"fit stopped by {name} at step {self.step}; this stop wrote no checkpoint (SIGTERM writes "
+                "one first); run the same command again, or continue from a checkpoint the run saved with "
+                "--ckpt_path last"
+            )
+        if command == "fit":
+            return f"fit stopped by {name} outside the training steps; no checkpoint written by this run"
+        # Every writer publishes by an atomic rename of a staging directory it removes when stopped.
+        return (
+            f"{command} stopped by {name}; nothing was published and the inputs are untouched; run the same "
+            "command again"
+        )
+
+
+STOP = StopState()
+
+
+def record_stop(signum: int, _frame: FrameType | None) -> None:
+    """The handler during training: records the signal for :class:`mlm_adapt.training.signals.StopOnSignal`
+    to act on at the next optimizer step."""
+    STOP.signum = STOP.signum or signum
+
+
+def stop_now(signum: int, _frame: FrameType | None) -> None:
+    """The handler outside training (parsing, data preparation, export): no step to finish, so record the
+    signal and stop at once, with the same status as during training."""
+    record_stop(signum, _frame)
+    raise Stopped(STOP.exit_code)
+
+
+def install_stop_handlers(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
+    """Makes the stop signals end the process with ``128 + signal`` until training takes them over."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in signals:
+            signal.signal(signum, stop_now)
 
 
 def raised(exc: BaseException) -> str:

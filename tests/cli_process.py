@@ -28,7 +28,20 @@ from pathlib import Path
 import mlm_adapt
 
 _CONTEXT = multiprocessing.get_context("forkserver")
-_CONTEXT.set_forkserver_preload(["mlm_adapt.cli.commands", "cli_process"])
+# The command line imports a command's stack when the command runs (mlm_adapt.cli.commands itself is
+# light): the server imports every command's, so that a forked command finds them loaded.
+_PRELOAD = [
+    "mlm_adapt.cli.commands",
+    "mlm_adapt.cli.fit",
+    "mlm_adapt.data.prepared",
+    "mlm_adapt.export.callback",
+    "mlm_adapt.model.checkpoints",
+    "mlm_adapt.model.loading",
+    "mlm_adapt.model.metrics",
+    "mlm_adapt.text.tokenizer",
+    "pandas",
+]
+_CONTEXT.set_forkserver_preload([*_PRELOAD, "cli_process"])
 _MAIN = str(Path(mlm_adapt.__file__).parent / "__main__.py")
 
 

@@ -1,4 +1,4 @@
-"""The command line: ``python -m mlm_adapt fit|validate|test|preview|export|fill-mask|vocab|plot``."""
+"""The command line: ``python -m mlm_adapt fit|validate|test|prepare|preview|export|fill-mask|vocab|plot``."""
 
 from mlm_adapt.cli.commands import main
 

@@ -2,6 +2,10 @@
 one error boundary: a user error (parser, :class:`MLMAdaptError`, Lightning misconfiguration) is one
 ``mlm_adapt: error: ...`` line and status 2 (``--debug`` keeps the traceback); a stop signal (Ctrl-C,
 SIGTERM, SIGUSR1) is one line naming the command and what was kept, and ``128 + signal``.
+
+The command is read first and only what it uses is imported: this module and every command's module import
+nothing heavy at the top; a command imports torch, Lightning or transformers when it runs (the trainer
+commands to build LightningCLI's parser), so ``--help`` and a refused option answer at once.
 """
 
 from __future__ import annotations
@@ -20,30 +24,28 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 import jsonargparse
-import transformers
 import yaml
 from jsonargparse import ArgumentParser
 
 from mlm_adapt.cli.data_only import prepare_main, preview_main, vocab_main
 from mlm_adapt.cli.fill_mask import fill_mask_main
-from mlm_adapt.cli.fit import ABOUT, MLMAdaptCLI
 from mlm_adapt.cli.plot import plot_main
-from mlm_adapt.data.progress import Progress
+from mlm_adapt.cli.usage import OTHER_COMMANDS, PROG, SUMMARIES, TRAINER_COMMANDS, description, usage
 from mlm_adapt.errors import (
     DEBUG_ENV,
     DEBUG_HINT,
+    STOP,
     Interrupted,
     MLMAdaptError,
     debug_enabled,
+    install_stop_handlers,
     parser_message,
+    stop_now,
     user_message,
 )
-from mlm_adapt.export.callback import export_checkpoint
-from mlm_adapt.export.writer import ExportOptions
-from mlm_adapt.guard.loads import check_yaml_expansion
+from mlm_adapt.export.options import ExportOptions
 from mlm_adapt.guard.outputs import forget_published, missing_published
-from mlm_adapt.model.metrics import metrics_table
-from mlm_adapt.training.signals import STOP, install_stop_handlers, stop_now
+from mlm_adapt.guard.yaml_limits import check_yaml_expansion
 
 
 @dataclass(kw_only=True, eq=False)
@@ -82,12 +84,19 @@ def bare_flags(args: list[str], options: type) -> list[str]:
 def export_main(args: list[str]) -> None:
     """Parses the options, exports, and prints the files, the reload check and the before/after table."""
     parser = ArgumentParser(
-        prog="python -m mlm_adapt export",
+        prog=f"{PROG} export",
         description=ExportCommand.__doc__.split("\n")[0],
         exit_on_error=False,
     )
     parser.add_class_arguments(ExportCommand)
     command = ExportCommand(**parser.parse_args(bare_flags(args, ExportCommand)).as_dict())
+    # The options are valid: now the export's stack (torch, Lightning, transformers).
+    import transformers  # noqa: PLC0415 - imported by the command that uses it (module docstring)
+
+    from mlm_adapt.data.progress import Progress  # noqa: PLC0415
+    from mlm_adapt.export.callback import export_checkpoint  # noqa: PLC0415
+    from mlm_adapt.model.metrics import metrics_table  # noqa: PLC0415
+
     transformers.logging.disable_progress_bar()
     progress = Progress("export", bars=command.progress_bar)
     result = export_checkpoint(command.ckpt_path, command.output_dir, command, command.base_model, progress)
@@ -114,23 +123,15 @@ class Command(NamedTuple):
     summary: str
 
 
-COMMANDS: dict[str, Command] = {
-    "prepare": Command(prepare_main, "segment, tokenize and pack the corpus once into --data.prepared_dir"),
-    "preview": Command(preview_main, "print training examples exactly as the collator masks them"),
-    "export": Command(export_main, "write a checkpoint as a Hugging Face directory (and push it to the Hub)"),
-    "fill-mask": Command(fill_mask_main, "the top-k tokens per [MASK] and whole-word fillings of mask runs"),
-    "vocab": Command(vocab_main, "report [UNK] characters and candidate terms the word segmenter splits"),
-    "plot": Command(plot_main, "draw loss/accuracy/perplexity curves of a run's metrics.csv"),
+_RUNS: dict[str, Callable[[list[str]], object]] = {
+    "prepare": prepare_main,
+    "preview": preview_main,
+    "export": export_main,
+    "fill-mask": fill_mask_main,
+    "vocab": vocab_main,
+    "plot": plot_main,
 }
-
-
-def description() -> str:
-    """The top-level ``--help`` text: what the tool does and every command beyond fit/validate/test."""
-    others = "; ".join(f"{name}: {command.summary}" for name, command in COMMANDS.items())
-    return (
-        f"{ABOUT} Trainer commands below; also {others} (python -m mlm_adapt COMMAND --help). Errors are one "
-        f"line; add --debug (or set {DEBUG_ENV}=1) for the traceback."
-    )
+COMMANDS: dict[str, Command] = {name: Command(_RUNS[name], text) for name, text in OTHER_COMMANDS.items()}
 
 
 @contextmanager
@@ -250,11 +251,20 @@ def _report_user_errors(entry: Callable[[list[str]], object], args: list[str], u
 
 
 def _fit_cli(args: list[str]) -> None:
+    # LightningCLI's parser needs the Trainer's, the model's and the data module's signatures: the whole
+    # training stack, imported here, for these commands only.
+    from mlm_adapt.cli.fit import MLMAdaptCLI  # noqa: PLC0415 - imported by the command that uses it
+
     # LightningCLI reads sys.argv itself; passing it again only triggers its "args and argv" warning.
     MLMAdaptCLI(
         args=None if args == sys.argv[1:] else args,
-        parser_kwargs={"prog": "python -m mlm_adapt", "description": description()},
+        parser_kwargs={"prog": PROG, "description": description()},
     )
+
+
+def _unknown_command(args: list[str]) -> None:
+    choices = ", ".join(repr(name) for name in SUMMARIES)
+    raise MLMAdaptError(f"invalid choice: {args[0]!r} (choose from {choices}) ({PROG} --help for usage)")
 
 
 def silence_third_party_noise() -> None:
@@ -277,13 +287,18 @@ def main(args: list[str] | None = None) -> None:
         args = [a for a in args if a != "--debug"]
         if from_argv:
             sys.argv[1:] = args  # LightningCLI parses sys.argv itself (see _fit_cli)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage(), end="")  # every command with its purpose, without importing any of them
+        sys.exit(0)
     bound_yaml()
-    if args and args[0] in COMMANDS:
+    if args[0] in COMMANDS:
         if from_argv:
             # The command gets its arguments explicitly; the LightningCLI-based ones (preview, vocab) would
             # otherwise warn that sys.argv holds arguments as well.
             sys.argv[1:] = []
         _run(COMMANDS[args[0]].run, args[1:], usage=args[0])
+    elif args[0] in TRAINER_COMMANDS or args[0].startswith("-"):
+        # A trainer command, or LightningCLI's own options before one (-c CONFIG fit, --print_config).
+        _run(_fit_cli, args, usage=args[0] if args[0] in TRAINER_COMMANDS else "")
     else:
-        trainer_command = args[0] if args and args[0] in MLMAdaptCLI.subcommands() else ""
-        _run(_fit_cli, args, usage=trainer_command)
+        _run(_unknown_command, args, usage="")

@@ -7,42 +7,158 @@
   ``model.new_tokens_file``) and the domain terms ``data.segmenter`` splits, which whole-word masking
   therefore never masks whole (``--output_dict`` writes them as a jieba user dictionary for
   ``data.user_dict``); see :mod:`mlm_adapt.text.tokenizer`.
+
+Before the data module's stack is imported (LightningCLI's parser, torch, transformers, datasets), each
+command answers ``--help`` with its own options (fit's are ``fit --help``) and refuses a ``data.train_files``
+that names no file, as the data module would (:func:`check_corpus_files`).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from lightning.pytorch.cli import LightningArgumentParser
-from lightning.pytorch.utilities import rank_zero_info
-from transformers import PreTrainedTokenizerBase
-from typing_extensions import override
+import yaml
+from jsonargparse import ArgumentParser
 
-from mlm_adapt.cli.fit import MLMAdaptCLI
-from mlm_adapt.data import MLMDataModule
-from mlm_adapt.data.prepared import parse_shard, part_name, prepare_corpus
-from mlm_adapt.data.progress import Progress
+from mlm_adapt.cli.usage import OTHER_COMMANDS, PROG
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.export.callback import hparams_inputs
 from mlm_adapt.guard.outputs import Output, check_output, refuse_same_outputs, write_text
-from mlm_adapt.text.tokenizer import (
-    candidate_terms,
-    cohesion,
-    join_pieces,
-    oov_characters,
-    piece_text,
-    write_user_dict,
-)
+from mlm_adapt.guard.yaml_limits import check_yaml_expansion
+from mlm_adapt.text.files import expand_files
+
+if TYPE_CHECKING:  # annotations only: torch and transformers are imported when a command runs
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+# A command's own options, beside fit's config and options: ``(flag, type, default, help)``.
+Options = list[tuple[str, Any, Any, str]]
+PREVIEW_OPTIONS: Options = [
+    ("--num_examples", int, 4, "How many training examples to show."),
+    ("--format", Literal["text", "json"], "text", "text: annotated; json: one per line."),
+]
+PREPARE_OPTIONS: Options = [
+    (
+        "--shard",
+        str | None,
+        None,
+        "TASK/TASKS: prepare only this task's share of the documents, as DIR/part-TASK-of-TASKS; fit reads "
+        "DIR once all parts exist (scripts/slurm/prepare.sbatch: one task per array index).",
+    )
+]
+VOCAB_OPTIONS: Options = [
+    (
+        "--output_dict",
+        str | None,
+        None,
+        "Write the proposed terms as a jieba user dictionary (for data.user_dict).",
+    ),
+    (
+        "--output_tokens",
+        str | None,
+        None,
+        "Write the top OOV characters, one per line (for model.new_tokens_file).",
+    ),
+    ("--min_count", int, 5, "Least count of a proposed term."),
+    ("--min_cohesion", float, 3.0, "Least PMI (nats) between a term's parts."),
+    ("--top_k", int, 30, "How many characters/terms to list."),
+]
+# The data settings that decide whether data.train_files is read (see check_corpus_files).
+_CORPUS_KEYS = ("train_files", "dataset_name", "prepared_dir")
+
+
+def print_help(command: str, options: Options) -> None:
+    """``COMMAND --help``: the command's own options; fit's (its config too) are ``fit --help``'s."""
+    summary = OTHER_COMMANDS[command]
+    parser = ArgumentParser(
+        prog=f"{PROG} {command}",
+        description=(
+            f"{summary[0].upper()}{summary[1:]}. Takes a fit config and every "
+            f"option of fit besides the ones below (-c/--config FILE, --model.*, --data.*, --trainer.*; "
+            f"listed by {PROG} fit --help); only the data module is built."
+        ),
+        exit_on_error=False,
+    )
+    for flag, type_, default, help_ in options:
+        parser.add_argument(flag, type=type_, default=default, help=help_)
+    parser.print_help()
+
+
+def corpus_settings(args: list[str]) -> dict[str, Any] | None:
+    """``data.train_files``, ``data.dataset_name`` and ``data.prepared_dir`` as ``args`` set them (flags and
+    ``--config`` files, later over earlier, unset ones at their default ``None``); ``None`` where only the
+    full parser can tell (a ``--data`` file or value, ``+=``, a config unreadable or not a mapping)."""
+    found: dict[str, Any] = dict.fromkeys(_CORPUS_KEYS)
+    i = 0
+    while i < len(args):
+        name, has_value, value = args[i].partition("=")
+        key = name.removeprefix("--data.").removesuffix("+")
+        i += 1
+        if (
+            name.startswith("--print_config")
+            or name == "--data"
+            or (key in _CORPUS_KEYS and name.endswith("+"))
+        ):
+            return None  # prints the config instead; a whole data section; an append to the list
+        if name not in ("-c", "--config") and not (name.startswith("--data.") and key in _CORPUS_KEYS):
+            continue
+        if not has_value:
+            if i >= len(args):
+                return None
+            value, i = args[i], i + 1
+        try:
+            check_yaml_expansion(value)
+            if name in ("-c", "--config"):
+                text = Path(value).read_text(encoding="utf-8")
+                check_yaml_expansion(text)
+                data = (yaml.safe_load(text) or {}).get("data", {})
+                if not isinstance(data, dict):
+                    return None
+                found.update({k: data[k] for k in _CORPUS_KEYS if k in data})
+            else:
+                found[key] = yaml.safe_load(value)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError, MLMAdaptError):
+            return None  # the full parser reports it, in its words
+    return found
+
+
+def check_corpus_files(command: str, args: list[str]) -> None:
+    """Refuses, before the data module's stack is imported, a ``data.train_files`` naming no file, in the
+    data module's words: where the command reads it (no ``data.dataset_name``; for ``preview`` no
+    ``data.prepared_dir`` either), and only where the command line alone tells (:func:`corpus_settings`)."""
+    settings = corpus_settings(args)
+    if settings is None or settings["dataset_name"]:
+        return
+    if command == "preview" and settings["prepared_dir"]:
+        return  # preview reads the prepared blocks, not the files
+    files = settings["train_files"]
+    if isinstance(files, str) or (
+        isinstance(files, list) and files and all(isinstance(f, str) for f in files)
+    ):
+        expand_files(files, "data.train_files")
+
+
+def data_only_cli(command: str, args: list[str], options: Options) -> Any:
+    """The command's :class:`~mlm_adapt.cli.fit.DataOnlyCLI` (config parsed, data module built), after its
+    ``--help`` and the corpus check, which need neither."""
+    if "-h" in args or "--help" in args:
+        print_help(command, options)
+        sys.exit(0)
+    check_corpus_files(command, args)
+    from mlm_adapt.cli.fit import DataOnlyCLI  # noqa: PLC0415 - the data module's stack, for this run only
+
+    return DataOnlyCLI(args, options)
 
 
 def batch_examples(batch: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase) -> Iterator[dict]:
     """Splits a collated batch into JSON-ready examples: ``tokens`` readable (``是``, not ``æĺ¯``),
     ``word_ids`` null on special and pad tokens."""
+    from mlm_adapt.text.tokenizer import piece_text  # noqa: PLC0415 - transformers: imported once preview runs
+
     for row in range(batch["input_ids"].shape[0]):
         input_ids = batch["input_ids"][row].tolist()
         word_ids = batch["word_ids"][row].tolist()
@@ -57,6 +173,8 @@ def batch_examples(batch: dict[str, torch.Tensor], tokenizer: PreTrainedTokenize
 
 def render_text(example: dict, tokenizer: PreTrainedTokenizerBase) -> str:
     """One line per example: words separated by spaces, each masked word as ``【original→seen】``."""
+    from mlm_adapt.text.tokenizer import join_pieces  # noqa: PLC0415 - transformers: imported once preview runs
+
     words: list[tuple[int | None, list[int]]] = []  # (word id, positions)
     for pos, (word, attended) in enumerate(zip(example["word_ids"], example["attention_mask"], strict=True)):
         if not attended:
@@ -86,35 +204,9 @@ def render_text(example: dict, tokenizer: PreTrainedTokenizerBase) -> str:
     return header + "\n" + " ".join(parts)
 
 
-class DataOnlyCLI(MLMAdaptCLI):
-    """Parses a fit config (with ``--data.*``/``--model.*`` overrides) plus a command's own ``options``
-    (``(flag, type, default, help)``) and builds only the DataModule."""
-
-    def __init__(self, args: list[str], options: list[tuple[str, Any, Any, str]]) -> None:
-        self.options = options
-        super().__init__(args=args, run=False, save_config_callback=None)
-
-    @override
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        super().add_arguments_to_parser(parser)
-        for flag, type_, default, help_ in self.options:
-            parser.add_argument(flag, type=type_, default=default, help=help_)
-
-    @override
-    def instantiate_classes(self) -> None:
-        # The model and trainer are not needed to see the data; loading them would cost time and memory.
-        self.datamodule = MLMDataModule(**self.config["data"].as_dict())
-
-
 def preview_main(args: list[str]) -> None:
     """Prints the first ``--num_examples`` training examples exactly as the collator masks them."""
-    cli = DataOnlyCLI(
-        args,
-        [
-            ("--num_examples", int, 4, "How many training examples to show."),
-            ("--format", Literal["text", "json"], "text", "text: annotated; json: one per line."),
-        ],
-    )
+    cli = data_only_cli("preview", args, PREVIEW_OPTIONS)
     datamodule, config = cli.datamodule, cli.config
     if config.num_examples < 1:
         raise MLMAdaptError(f"--num_examples={config.num_examples} must be at least 1")
@@ -130,11 +222,13 @@ def preview_main(args: list[str]) -> None:
 
 def prepare_main(args: list[str]) -> None:
     """Writes ``--data.prepared_dir`` from a fit config (progress bars, or phase lines when they are off)."""
-    shard_help = (
-        "TASK/TASKS: prepare only this task's share of the documents, as DIR/part-TASK-of-TASKS; fit reads "
-        "DIR once all parts exist (scripts/slurm/prepare.sbatch: one task per array index)."
-    )
-    cli = DataOnlyCLI(args, [("--shard", str | None, None, shard_help)])
+    cli = data_only_cli("prepare", args, PREPARE_OPTIONS)
+    from lightning.pytorch.utilities import rank_zero_info  # noqa: PLC0415 - loaded by the CLI above
+
+    from mlm_adapt.data.prepared import parse_shard, part_name, prepare_corpus  # noqa: PLC0415
+    from mlm_adapt.data.progress import Progress  # noqa: PLC0415
+    from mlm_adapt.export.callback import hparams_inputs  # noqa: PLC0415
+
     datamodule, config = cli.datamodule, cli.config
     shard = parse_shard(config.shard) if config.shard is not None else None
     directory = config.data.prepared_dir
@@ -164,18 +258,10 @@ def prepare_main(args: list[str]) -> None:
 
 def vocab_main(args: list[str]) -> None:
     """Reports the corpus' ``[UNK]`` rate, OOV characters and candidate terms; writes them on demand."""
-    dict_help = "Write the proposed terms as a jieba user dictionary (for data.user_dict)."
-    tokens_help = "Write the top OOV characters, one per line (for model.new_tokens_file)."
-    cli = DataOnlyCLI(
-        args,
-        [
-            ("--output_dict", str | None, None, dict_help),
-            ("--output_tokens", str | None, None, tokens_help),
-            ("--min_count", int, 5, "Least count of a proposed term."),
-            ("--min_cohesion", float, 3.0, "Least PMI (nats) between a term's parts."),
-            ("--top_k", int, 30, "How many characters/terms to list."),
-        ],
-    )
+    cli = data_only_cli("vocab", args, VOCAB_OPTIONS)
+    from mlm_adapt.export.callback import hparams_inputs  # noqa: PLC0415 - loaded by the CLI above
+    from mlm_adapt.text.tokenizer import candidate_terms, cohesion, oov_characters, write_user_dict  # noqa: PLC0415
+
     config, datamodule = cli.config, cli.datamodule
     hp = datamodule.hparams
     # Checked before the corpus is read: an output must never replace the corpus or the model it reports on.

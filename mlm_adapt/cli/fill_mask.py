@@ -1,23 +1,23 @@
-"""``python -m mlm_adapt fill-mask``: top-k tokens per ``[MASK]`` and whole-word fillings of mask runs."""
+"""``python -m mlm_adapt fill-mask``: top-k tokens per ``[MASK]`` and whole-word fillings of mask runs.
 
-from __future__ import annotations
+torch, transformers and the model's loading are imported when the command runs: ``--help`` and a refused
+option answer at once."""
 
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-import transformers
 from jsonargparse import auto_cli
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.guard.loads import is_sharded_checkpoint, pretrained_tokenizer
-from mlm_adapt.model.checkpoints import load_checkpoint, module_from_checkpoint, tokenizer_for
-from mlm_adapt.model.loading import position_limit, pretrained_masked_lm
-from mlm_adapt.text.tokenizer import join_pieces, piece_text
+
+# Annotations only, quoted: jsonargparse evaluates postponed annotations (and so runs a TYPE_CHECKING block)
+# of the module whose function it reads, which would import them with --help.
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 MODES = {"none": "[MASK] attended", "zero": "[MASK] not attended"}
 
@@ -41,8 +41,12 @@ class WordFilling:
     probability: float
 
 
-def load_for_inference(model: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_for_inference(model: str) -> "tuple[PreTrainedModel, PreTrainedTokenizerBase]":
     """Loads a Hugging Face directory (or Hub name) or a Lightning checkpoint (file or FSDP shard dir)."""
+    from mlm_adapt.guard.loads import is_sharded_checkpoint, pretrained_tokenizer  # noqa: PLC0415
+    from mlm_adapt.model.checkpoints import load_checkpoint, module_from_checkpoint, tokenizer_for  # noqa: PLC0415
+    from mlm_adapt.model.loading import pretrained_masked_lm  # noqa: PLC0415
+
     path = Path(model)
     if path.suffix == ".ckpt" or is_sharded_checkpoint(path) or path.is_file():
         checkpoint = load_checkpoint(path, key="--model")
@@ -53,19 +57,21 @@ def load_for_inference(model: str) -> tuple[PreTrainedModel, PreTrainedTokenizer
     return pretrained_masked_lm(model, "--model").eval(), tokenizer
 
 
-@torch.no_grad()
-def _probs(model: PreTrainedModel, input_ids: torch.Tensor, banned: list[int], hidden: int | None):
+def _probs(model: "PreTrainedModel", input_ids: "torch.Tensor", banned: list[int], hidden: int | None):
+    import torch  # noqa: PLC0415 - loaded with the model (see the module docstring)
+
     # ``hidden``: a token (the mask) excluded from attention, else every position is attended.
     attention_mask = torch.ones_like(input_ids) if hidden is None else (input_ids != hidden).long()
-    logits = model(input_ids=input_ids[None], attention_mask=attention_mask[None]).logits[0].float()
+    with torch.no_grad():
+        logits = model(input_ids=input_ids[None], attention_mask=attention_mask[None]).logits[0].float()
     probs = logits.softmax(-1)  # over the whole vocabulary, as pipeline("fill-mask") reports them
     probs[:, banned] = 0.0  # special tokens are never shown nor chosen as a filling
     return probs
 
 
 def predict(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
+    model: "PreTrainedModel",
+    tokenizer: "PreTrainedTokenizerBase",
     text: str,
     top_k: int = 5,
     mask_attention: Literal["none", "zero"] = "none",
@@ -76,6 +82,9 @@ def predict(
     A run is filled greedily (as mask-predict decoding does): its most confident mask is fixed first, the
     model rerun with it filled in, and so on; the filling's probability is the product of those chosen.
     """
+    from mlm_adapt.model.loading import position_limit  # noqa: PLC0415 - loaded with the model
+    from mlm_adapt.text.tokenizer import join_pieces, piece_text  # noqa: PLC0415
+
     # verbose=False: the length is checked here, against what the model can index, in one line.
     encoded = tokenizer(text, return_tensors="pt", verbose=False)
     input_ids = encoded["input_ids"][0].to(next(model.parameters()).device)
@@ -178,6 +187,8 @@ def fill_mask(
     """
     if top_k < 1:
         raise MLMAdaptError(f"--top_k={top_k} must be at least 1")
+    import transformers  # noqa: PLC0415 - the options are valid: now the model's stack
+
     transformers.logging.disable_progress_bar()
     lm, tokenizer = load_for_inference(model)
     modes = ["none", "zero"] if mask_attention == "zero" else ["none"]

@@ -16,6 +16,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleD
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from typing_extensions import override
 
+from mlm_adapt.cli.usage import ABOUT
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
@@ -38,7 +39,6 @@ from mlm_adapt.training.resume import (
     root_loggers,
 )
 
-ABOUT = "Domain-adaptive whole-word-masking MLM pretraining of Chinese BERT-family models."
 _GIVEN = re.compile(r"Given value: (.*)")
 _CLASS_PATH = re.compile(r"Problem with given class_path '([^']*)':\s*\n\s*(.+)")
 # jsonargparse names the class only when the value is a mapping; a class path string is the given value.
@@ -239,6 +239,26 @@ class MLMAdaptCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         guard_user_callbacks(trainer.callbacks)  # their exit() or KeyboardInterrupt is their failure
         return trainer
+
+
+class DataOnlyCLI(MLMAdaptCLI):
+    """Parses a fit config (with ``--data.*``/``--model.*`` overrides) plus a command's own ``options``
+    (``(flag, type, default, help)``) and builds only the DataModule."""
+
+    def __init__(self, args: list[str], options: list[tuple[str, Any, Any, str]]) -> None:
+        self.options = options
+        super().__init__(args=args, run=False, save_config_callback=None)
+
+    @override
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        for flag, type_, default, help_ in self.options:
+            parser.add_argument(flag, type=type_, default=default, help=help_)
+
+    @override
+    def instantiate_classes(self) -> None:
+        # The model and trainer are not needed to see the data; loading them would cost time and memory.
+        self.datamodule = MLMDataModule(**self.config["data"].as_dict())
 
 
 def without_disabled(callbacks: Any, progress_bar: bool, logger: bool) -> Any:

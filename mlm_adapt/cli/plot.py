@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import pandas as pd
 from jsonargparse import auto_cli
 
 from mlm_adapt.errors import MLMAdaptError
@@ -60,6 +59,7 @@ def plot_metrics(metrics_csv: str | Path, output: str | Path | Output, title: st
 
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt  # noqa: PLC0415
+    import pandas as pd  # noqa: PLC0415 - heavy and only needed here (plot --help answers at once)
 
     try:
         frame = pd.read_csv(metrics_csv)

@@ -36,7 +36,8 @@ from mlm_adapt.masking.schedule import (
     parse_schedule,
     trainer_stepping,
 )
-from mlm_adapt.text.corpus import expand_files, load_files, load_hub
+from mlm_adapt.text.corpus import load_files, load_hub
+from mlm_adapt.text.files import expand_files
 from mlm_adapt.text.segmentation import BuiltinSegmenter, Segmentation, WordSegmenter
 from mlm_adapt.text.tokenizer import load_tokenizer
 from mlm_adapt.text.traditional import OpenCCConfig

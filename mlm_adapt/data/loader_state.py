@@ -26,7 +26,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.corpus import expand_files
+from mlm_adapt.text.files import expand_files
 
 SAMPLES = 64
 SNAPSHOT = "_snapshot"

@@ -21,7 +21,8 @@ from datasets.distributed import split_dataset_by_node
 
 from mlm_adapt.data.preprocess import is_non_empty
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.corpus import BUILDERS, builder_options, expand_files, file_error, text_only
+from mlm_adapt.text.corpus import builder_options, file_error, text_only
+from mlm_adapt.text.files import BUILDERS, expand_files
 
 
 def is_held_out(text: str, fraction: float, seed: int) -> bool:

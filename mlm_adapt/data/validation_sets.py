@@ -16,7 +16,7 @@ import datasets
 from lightning.pytorch.utilities import rank_zero_warn
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.corpus import expand_files
+from mlm_adapt.text.files import expand_files
 
 ValidationFiles = list[str] | dict[str, list[str] | None] | None
 # The name of the only set when ``data.validation_files`` is a list (or absent).

@@ -18,7 +18,7 @@ from mlm_adapt.downstream.features import ForwardContext, Pooling
 from mlm_adapt.downstream.tasks import load_task, parse_task
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.loading import position_limit
-from mlm_adapt.text.corpus import expand_files
+from mlm_adapt.text.files import expand_files
 from mlm_adapt.text.tokenizer import load_tokenizer
 
 PREFIX = "downstream"

@@ -13,7 +13,8 @@ import datasets
 from mlm_adapt.downstream.types import TaskType, task_type
 from mlm_adapt.downstream.types.base import DownstreamTask, TaskSplit, task_key
 from mlm_adapt.errors import MLMAdaptError, exception_line, user_code
-from mlm_adapt.text.corpus import BUILDERS, empty_file_error, encoding_error, expand_files
+from mlm_adapt.text.corpus import empty_file_error, encoding_error
+from mlm_adapt.text.files import BUILDERS, expand_files
 
 # Task names become metric names (downstream/<name>/f1), log lines and model-card table cells.
 TASK_NAME = re.compile(r"[\w.\-]{1,64}")

@@ -26,7 +26,8 @@ from mlm_adapt.data.replay import replay_summary
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import ExportInfo, val_metrics_at
-from mlm_adapt.export.writer import ExportOptions, check_hub_access, write_export
+from mlm_adapt.export.options import ExportOptions, check_hub_access
+from mlm_adapt.export.writer import write_export
 from mlm_adapt.guard.outputs import Output, check_output
 from mlm_adapt.model.checkpoints import (
     callback_state,

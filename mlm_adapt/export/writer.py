@@ -1,152 +1,21 @@
-"""Writing an export (weights, tokenizer, resolved config, model card), checking it, uploading it to the Hub;
-and the options the callback and ``python -m mlm_adapt export`` share."""
+"""Writing an export (weights, tokenizer, resolved config, model card) and checking it; its options and the
+Hub upload are in :mod:`mlm_adapt.export.options`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
 
 import torch
-from huggingface_hub import HfApi, constants, get_token
-from huggingface_hub.errors import HfHubHTTPError, HFValidationError, OfflineModeIsEnabled
-from huggingface_hub.utils import validate_repo_id
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mlm_adapt.data.progress import Progress
-from mlm_adapt.errors import MLMAdaptError, exception_line
+from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import CONFIG_FILENAME, ExportInfo, render_model_card
 from mlm_adapt.guard.loads import pretrained_tokenizer
-from mlm_adapt.guard.outputs import MARKER, Output, write_directory
+from mlm_adapt.guard.outputs import Output, write_directory
 from mlm_adapt.model.loading import position_limit, pretrained_masked_lm
 
 PROBE_TEXTS = ("北京{mask}{mask}你！", "这本书的内容很好，值得一读。", "房间太小，{mask}务也很一般。")
-# Connection failures surface as the HTTP client's own errors (httpx or httpx2, depending on the
-# huggingface_hub version); HfHubHTTPError derives from that client's HTTPError, so take it from there.
-_CLIENT_ERRORS = tuple(c for c in HfHubHTTPError.__mro__[1:] if c.__name__ == "HTTPError") + (OSError,)
-
-
-@dataclass(kw_only=True, eq=False)
-class ExportOptions:
-    """Options of every export (``export.*`` in a fit config, ``--*`` of ``python -m mlm_adapt export``).
-
-    Args:
-        overwrite: Replace an earlier export in the output directory (recognised by its
-            .mlm_adapt-export.json marker), atomically. A directory holding anything else, the current
-            directory, a run directory and a directory holding an input are refused, overwrite or not.
-        verify: Reload the export and compare its logits with the trained weights on a probe batch.
-        license: License identifier in the model card.
-        tags: Hub tags in the model card; default: the model's family (bert, xlm-roberta, ...), fill-mask,
-            chinese, domain-adaptation, mlm_adapt and the masking scheme's (whole-word-masking unless
-            data.masking is token).
-        push_to_hub: Upload the directory to the Hub (token from HF_TOKEN or `hf auth login`, never printed).
-        repo_id: Hub repository NAME or ORG/NAME; required with push_to_hub.
-        private: Create the Hub repository as private.
-        revision: Hub branch to commit to (created if missing); default main.
-        commit_message: Hub commit message.
-    """
-
-    # How the options are spelled on the command line, for error messages (``export.`` in fit configs).
-    option_prefix: ClassVar[str] = "--"
-
-    overwrite: bool = False
-    verify: bool = True
-    license: str = "apache-2.0"
-    tags: list[str] | None = None
-    push_to_hub: bool = False
-    repo_id: str | None = None
-    private: bool = False
-    revision: str | None = None
-    commit_message: str = "Upload adapted masked-LM (mlm_adapt)"
-
-    def __post_init__(self) -> None:
-        if self.push_to_hub and not self.repo_id:
-            raise MLMAdaptError(
-                f"{self.option_prefix}repo_id is required with push_to_hub; give NAME or ORG/NAME"
-            )
-        if self.repo_id is not None:
-            check_repo_id(self.repo_id, f"{self.option_prefix}repo_id")
-        self.tags = list(self.tags) if self.tags is not None else None
-
-    def card_fields(self) -> dict[str, Any]:
-        """What the model card states of these options (``ExportInfo``'s license, tags and Hub repo)."""
-        return {
-            "license": self.license,
-            "tags": list(self.tags) if self.tags is not None else None,
-            "repo_id": self.repo_id if self.push_to_hub else None,
-        }
-
-    def push(self, folder: str | Path, progress: Progress) -> str | None:
-        """Uploads ``folder`` with :func:`push_folder` if ``push_to_hub``; the commit's URL, else ``None``."""
-        if not self.push_to_hub:
-            return None
-        with progress.phase(f"uploading to the Hub ({self.repo_id})"):
-            return push_folder(folder, self.repo_id, self.private, self.revision, self.commit_message)
-
-
-def check_repo_id(repo_id: str, key: str = "repo_id") -> None:
-    """Refuses a Hub repository id the Hub would refuse after training (``a/b/c``, ``../x``, spaces)."""
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError:
-        raise MLMAdaptError(
-            f"{key}={repo_id!r} is no Hub repository id; give NAME or ORG/NAME (letters, digits, '-', '_', "
-            "'.'; not starting or ending with '-' or '.'; at most 96 characters)"
-        ) from None
-
-
-def check_hub_access(repo_id: str | None, key: str = "--repo_id") -> None:
-    """Fails before any work when a push could not happen: no repo id, offline mode, no token (whose value
-    is never returned, printed or logged)."""
-    if not repo_id:
-        raise MLMAdaptError(f"{key} is required with push_to_hub; give the Hub repo as NAME or ORG/NAME")
-    if constants.is_offline_mode():
-        raise MLMAdaptError("push_to_hub: HF_HUB_OFFLINE is set; unset it to upload, or drop push_to_hub")
-    if get_token() is None:
-        raise MLMAdaptError(
-            "push_to_hub: no Hugging Face token; set HF_TOKEN or run `hf auth login` (write access needed)"
-        )
-
-
-def push_folder(
-    folder: str | Path,
-    repo_id: str,
-    private: bool = False,
-    revision: str | None = None,
-    commit_message: str = "Upload adapted masked-LM (mlm_adapt)",
-) -> str:
-    """Uploads ``folder`` as one commit to the model repo ``repo_id`` (created if needed, ``private`` then),
-    on the branch ``revision`` (created from ``main`` if missing); returns the commit's URL. Network and
-    permission failures become one line that says the local export is kept."""
-    check_hub_access(repo_id)
-    kept = f"the local export is kept in {folder}"
-    api = HfApi()
-    try:
-        repo_url = api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
-        if revision:
-            api.create_branch(repo_url.repo_id, branch=revision, repo_type="model", exist_ok=True)
-        commit = api.upload_folder(
-            repo_id=repo_url.repo_id,
-            folder_path=str(folder),
-            repo_type="model",
-            revision=revision,
-            commit_message=commit_message,
-            ignore_patterns=[MARKER],  # local bookkeeping of overwrite, not part of the model
-        )
-    except OfflineModeIsEnabled:
-        raise MLMAdaptError(f"push_to_hub: HF_HUB_OFFLINE is set, nothing uploaded; {kept}") from None
-    except HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else None
-        if status in (401, 403):
-            reason = (
-                f"the token may not write to {repo_id!r} (HTTP {status}); check HF_TOKEN / `hf auth login`"
-            )
-        else:
-            reason = f"the Hub refused the upload to {repo_id!r} (HTTP {status}): {exception_line(exc)}"
-        raise MLMAdaptError(f"push_to_hub: {reason}; {kept}") from None
-    except _CLIENT_ERRORS as exc:  # connection refused, DNS failure, timeouts
-        raise MLMAdaptError(f"push_to_hub: cannot reach the Hub ({type(exc).__name__}); {kept}") from None
-    return str(getattr(commit, "commit_url", commit))
 
 
 def probe_batch(tokenizer: PreTrainedTokenizerBase, limit: int | None = None) -> dict[str, torch.Tensor]:

@@ -10,7 +10,8 @@
   ask on stdin, and accept a piped ``y``); a local directory is checked first (config, tokenizer files, no
   ``auto_map`` code, weight files readable as above).
 - YAML: every copy or walk of a value (jsonargparse's validation, ``deepcopy``, the dump into
-  ``config.yaml``) expands its aliases, so a document over :data:`MAX_EXPANDED_NODES` values is refused.
+  ``config.yaml``) expands its aliases, so a document over ``MAX_EXPANDED_NODES`` values is refused
+  (:mod:`mlm_adapt.guard.yaml_limits`, light: the CLI bounds YAML before it imports torch).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from lightning.fabric.utilities.load import _METADATA_FILENAME
 from safetensors import safe_open
 from torch.distributed.checkpoint import FileSystemReader
@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError, check_model_path, exception_line
+from mlm_adapt.guard.yaml_limits import MAX_EXPANDED_NODES, MAX_YAML_BYTES, check_yaml_expansion  # noqa: F401
 
 # Types beyond what weights_only admits: hyper-parameters given from Python (cache_dir=Path(...)) are stored
 # as paths. mlm_adapt's own checkpoints need nothing else (torch's get_unsafe_globals_in_checkpoint).
@@ -46,9 +47,6 @@ ALLOWED_GLOBALS: list[Any] = [pathlib.PosixPath, pathlib.WindowsPath, pathlib.Pu
 TRUST_REMOTE_CODE = False
 # Files that hold a tokenizer's vocabulary (one is enough; tokenizer_config.json alone is not).
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
-# Far above any real config (the shipped ones have a few hundred nodes), far below what exhausts memory.
-MAX_EXPANDED_NODES = 1_000_000
-MAX_YAML_BYTES = 16 * 1024 * 1024
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE_PROTO = 0x80  # torch.save's legacy (pre-zip) format starts with a pickle PROTO opcode
 # What torch.distributed.checkpoint pickles into ``.metadata`` (harmless: built from pickled arguments).
@@ -316,38 +314,3 @@ def _from_pretrained(auto: Any, what: str, check: Callable[[Path, str], None], n
         return auto.from_pretrained(name, trust_remote_code=TRUST_REMOTE_CODE)
     except Exception as exc:
         raise MLMAdaptError(f"{key}: cannot load {what} from {name!r}: {safe_line(exc)}") from None
-
-
-# --- YAML --------------------------------------------------------------------------------------------------
-
-
-def check_yaml_expansion(text: str, source: str = "a --config file or YAML value") -> None:
-    """Refuses YAML over :data:`MAX_YAML_BYTES`, or whose aliases expand to over :data:`MAX_EXPANDED_NODES`
-    values (counted on the composed node graph, one visit per distinct node)."""
-    if len(text) > MAX_YAML_BYTES:
-        raise MLMAdaptError(
-            f"{source}: {len(text)} characters of YAML (the limit is {MAX_YAML_BYTES}); configs are smaller"
-        )
-    if "*" not in text:  # no alias: its size is its length
-        return
-    try:
-        nodes = [node for node in yaml.compose_all(text, Loader=yaml.SafeLoader) if node is not None]
-    except yaml.YAMLError:
-        return  # not valid YAML: the loader reports it
-    sizes: dict[int, int] = {}
-
-    def size(node: yaml.Node) -> int:
-        if id(node) not in sizes:
-            sizes[id(node)] = 1  # a recursive alias counts once, as PyYAML builds it (a cycle, not a copy)
-            children = node.value if isinstance(node, yaml.SequenceNode) else []
-            if isinstance(node, yaml.MappingNode):
-                children = [child for pair in node.value for child in pair]
-            sizes[id(node)] = 1 + sum(size(child) for child in children)
-        return sizes[id(node)]
-
-    total = sum(size(node) for node in nodes)
-    if total > MAX_EXPANDED_NODES:
-        raise MLMAdaptError(
-            f"{source}: its YAML aliases expand to {total} values (the limit is {MAX_EXPANDED_NODES}): "
-            "an alias bomb; write the values out instead of nesting aliases"
-        )

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import lightning as L
@@ -32,56 +31,16 @@ from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from mlm_adapt.errors import Stopped
-
-
-class StopState:
-    """The stop signal received by this process (shared by the handlers, the callback and the CLI)."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        """No signal yet (each command starts so, also several in one process)."""
-        self.signum: int | None = None
-        self.checkpoint: Path | None = None
-        self.step: int | None = None
-
-    @property
-    def exit_code(self) -> int:
-        """``128 + signal``, as a shell reports a process the signal ended (143 for SIGTERM)."""
-        return 128 + int(self.signum or signal.SIGTERM)
-
-    def summary(self, command: str = "fit") -> str:
-        """One line for the user: the command, which signal, what was kept, and how to continue."""
-        name = signal.Signals(self.signum or signal.SIGTERM).name
-        if self.checkpoint is not None and not Path(self.checkpoint).is_file():
-            # Never name a checkpoint that is not there (a save that did not write, a file removed since).
-            return (
-                f"{command} stopped by {name} at step {self.step}, but its checkpoint {self.checkpoint} is "
-                "missing; continue from an earlier checkpoint (--ckpt_path) or run the same command again"
-            )
-        if self.checkpoint is not None:
-            return (
-                f"{command} stopped by {name}: saved {self.checkpoint} at step {self.step}; continue with "
-                "--ckpt_path last (same config)"
-            )
-        if command == "fit" and self.step is not None:  # Ctrl-C in training: Lightning stopped at once
-            return (
-                f"fit stopped by {name} at step {self.step}; this stop wrote no checkpoint (SIGTERM writes "
-                "one first); run the same command again, or continue from a checkpoint the run saved with "
-                "--ckpt_path last"
-            )
-        if command == "fit":
-            return f"fit stopped by {name} outside the training steps; no checkpoint written by this run"
-        # Every writer publishes by an atomic rename of a staging directory it removes when stopped.
-        return (
-            f"{command} stopped by {name}; nothing was published and the inputs are untouched; run the same "
-            "command again"
-        )
-
-
-STOP = StopState()
+# The stop state and its handlers outside training live with the stop exceptions (the CLI installs them
+# before it imports this module); re-exported here, beside the callback that takes them over.
+from mlm_adapt.errors import (  # noqa: F401
+    STOP,
+    Stopped,
+    StopState,
+    install_stop_handlers,
+    record_stop,
+    stop_now,
+)
 
 
 def requeue_signal(trainer: L.Trainer | None = None) -> int:
@@ -94,24 +53,6 @@ def lightning_requeues(trainer: L.Trainer) -> bool:
     """Whether Lightning's SLURM auto-requeue handles the requeue signal in this run."""
     environment = trainer._accelerator_connector.cluster_environment
     return isinstance(environment, SLURMEnvironment) and environment.auto_requeue
-
-
-def _record(signum: int, _frame: FrameType | None) -> None:
-    STOP.signum = STOP.signum or signum
-
-
-def stop_now(signum: int, _frame: FrameType | None) -> None:
-    """The handler outside training (parsing, data preparation, export): no step to finish, so record the
-    signal and stop at once, with the same status as during training."""
-    _record(signum, _frame)
-    raise Stopped(STOP.exit_code)
-
-
-def install_stop_handlers(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
-    """Makes the stop signals end the process with ``128 + signal`` until training takes them over."""
-    if threading.current_thread() is threading.main_thread():
-        for signum in signals:
-            signal.signal(signum, stop_now)
 
 
 def checkpoint_path(trainer: L.Trainer) -> Path:
@@ -148,14 +89,14 @@ class StopOnSignal(L.Callback):
             return
         # Lightning registers its requeue handler only where none is set: with this one it never does.
         for signum in (signal.SIGTERM, requeue_signal(trainer)):
-            self._previous[signum] = signal.signal(signum, _record)
+            self._previous[signum] = signal.signal(signum, record_stop)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Lightning has now composed its SIGTERM handler with this one; its part broadcasts from inside the
         # handler (see the module docstring). The flag it sets is set here at the step boundary instead.
         if threading.current_thread() is threading.main_thread() and self._previous:
-            signal.signal(signal.SIGTERM, _record)
+            signal.signal(signal.SIGTERM, record_stop)
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -175,12 +175,14 @@ def main() -> None:
     model = tiny_model(args.workdir / "model", max_chars=8000)
     python = sys.executable
     if args.in_process:
-        import mlm_adapt.cli.commands  # noqa: F401, PLC0415 - the baseline: what the imports hold
+        # The baseline: what prepare's imports hold (the command line imports them when prepare runs).
+        import mlm_adapt.cli.fit  # noqa: F401, PLC0415
+        import mlm_adapt.data.prepared  # noqa: F401, PLC0415
 
         anon = _kib(os.getpid(), "RssAnon") / 1024
         imports = {"main_anon": anon, "anon": anon, "rss": _kib(os.getpid(), "VmRSS") / 1024}
     else:
-        imports = run_sampled([python, "-c", "import mlm_adapt.cli.commands"])
+        imports = run_sampled([python, "-c", "import mlm_adapt.cli.fit, mlm_adapt.data.prepared"])
     rows = []
     for size in args.sizes_mb:
         corpus = args.workdir / f"corpus_{size}mb.txt"

@@ -19,7 +19,7 @@ from families import family_dir
 from mlm_adapt.cli.commands import main
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.callback import check_monitor, check_trains, logged_metrics
-from mlm_adapt.export.writer import check_repo_id
+from mlm_adapt.export.options import check_repo_id
 from mlm_adapt.model import loading as model_size
 
 

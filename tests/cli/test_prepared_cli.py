@@ -58,10 +58,10 @@ def test_fit_validate_preview_export_from_a_prepared_dir_with_the_corpus_deleted
 
     # The export command, with a (faked) Hub upload: phase lines without bars, a bar with them.
     import mlm_adapt.export.callback as export_callback
-    import mlm_adapt.export.writer as export_writer
+    import mlm_adapt.export.options as export_options
 
     monkeypatch.setattr(export_callback, "check_hub_access", lambda repo_id: None)
-    monkeypatch.setattr(export_writer, "push_folder", lambda *a, **k: "https://hub/commit/1")
+    monkeypatch.setattr(export_options, "push_folder", lambda *a, **k: "https://hub/commit/1")
     caplog.clear()
     out = tmp_path / "exported"
     push = ["--push_to_hub", "--repo_id=me/model"]

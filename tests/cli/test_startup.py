@@ -1,0 +1,100 @@
+"""The command line answers at once: the usage names every command, and ``--help`` of each command (and a
+refused corpus file) imports only what that command needs, checked in a fresh interpreter per command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from mlm_adapt.cli import main
+from mlm_adapt.cli.usage import SUMMARIES
+
+HEAVY = ("torch", "lightning", "transformers", "datasets", "pandas")
+TRAINER_STACK = {"torch", "lightning", "transformers", "datasets", "pandas"}  # pandas: with datasets
+# Command -> the heavy modules its --help may import: LightningCLI's parser (fit, validate, test) needs the
+# Trainer's, the model's and the data module's signatures; every other command none.
+HELP_IMPORTS = {name: TRAINER_STACK if name in ("fit", "validate", "test") else set() for name in SUMMARIES}
+# Prints, after the command, which heavy modules it imported.
+CODE = """
+import sys
+from mlm_adapt.cli import main
+try:
+    main()
+finally:
+    print("imported:", ",".join(m for m in {heavy!r} if m in sys.modules), file=sys.stderr)
+"""
+
+
+def run_fresh(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """``python -m mlm_adapt ARGS`` in a new interpreter; its result and the heavy modules it imported."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-c", CODE.format(heavy=HEAVY), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
+    line = [x for x in result.stderr.splitlines() if x.startswith("imported:")][-1]
+    return result, {m for m in line.removeprefix("imported:").strip().split(",") if m}
+
+
+@pytest.mark.parametrize("command", [*SUMMARIES, ""])
+def test_help_imports_only_what_the_command_needs(command):
+    result, imported = run_fresh(*([command] if command else []), "--help")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert imported == HELP_IMPORTS.get(command, set()), f"{command} --help imported {sorted(imported)}"
+    assert "usage:" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["preview", "prepare", "vocab"])
+def test_missing_corpus_file_is_refused_before_the_stack(command, tmp_path):
+    missing = tmp_path / "nope.txt"
+    output = [f"--data.prepared_dir={tmp_path / 'prepared'}"] if command == "prepare" else []
+    result, imported = run_fresh(command, f"--data.train_files=[{missing}]", *output)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mlm_adapt: error:")]
+    assert errors == [
+        f"mlm_adapt: error: data.train_files: '{missing}' matches no file; check the path or glob"
+    ]
+    assert "Traceback" not in result.stderr and imported == set()
+
+
+def test_missing_corpus_file_in_a_config_is_refused_before_the_stack(tmp_path):
+    config = tmp_path / "fit.yaml"
+    config.write_text(f"data:\n  train_files: [{tmp_path / 'gone.txt'}]\n", encoding="utf-8")
+    result, imported = run_fresh("vocab", "--config", str(config))
+    assert result.returncode == 2 and "gone.txt' matches no file" in result.stderr, result.stderr[-2000:]
+    assert imported == set()
+
+
+def test_no_command_prints_the_usage_with_every_command(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main([])
+    assert stopped.value.code == 0
+    text = capsys.readouterr().out
+    usage_line = text.splitlines()[0]
+    assert usage_line == "usage: python -m mlm_adapt [--debug] {" + ",".join(SUMMARIES) + "} ..."
+    for name, summary in SUMMARIES.items():
+        assert f"  {name}" in text and summary in text
+
+
+def test_corpus_check_leaves_what_it_cannot_tell_to_the_parser(tmp_path):
+    from mlm_adapt.cli.data_only import corpus_settings
+
+    files = f"--data.train_files=[{tmp_path}/a.txt]"
+    assert corpus_settings([files])["train_files"] == [f"{tmp_path}/a.txt"]
+    assert corpus_settings([files, "--data.dataset_name", "x"])["dataset_name"] == "x"
+    assert corpus_settings([files, "--data", "data.yaml"]) is None
+    assert corpus_settings([files, "--data.train_files+=b.txt"]) is None
+    assert corpus_settings([files, "--print_config"]) is None
+    assert corpus_settings(["--config", str(tmp_path / "absent.yaml")]) is None
+    config = tmp_path / "c.yaml"
+    config.write_text("data:\n  dataset_name: hub/set\n", encoding="utf-8")
+    later = corpus_settings([files, "--config", str(config)])
+    assert later["dataset_name"] == "hub/set" and later["train_files"] == [f"{tmp_path}/a.txt"]
