@@ -265,6 +265,13 @@ def user_message(exc: BaseException) -> tuple[str, int] | None:
     return None
 
 
+def check_checkpoint_path(path: str | os.PathLike, key: str) -> None:
+    """Refuses a checkpoint (file or FSDP sharded directory, given as option ``key``) that does not exist:
+    light, so that the commands say it before importing their stack."""
+    if not os.path.exists(path):
+        raise MLMAdaptError(f"{key}: {os.fspath(path)} does not exist; give a .ckpt file the trainer wrote")
+
+
 def check_model_path(name: str, key: str) -> None:
     """Refuses a local model path (``name``, given as option ``key``) that does not exist, before
     ``from_pretrained`` tries the Hub with it (a Hub id is ``NAME`` or ``ORG/NAME``)."""

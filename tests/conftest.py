@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 from importlib.resources import files
 from pathlib import Path
 
@@ -27,6 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The trainer commands' help cache of this test process: never the user's (mlm_adapt.cli.help_cache).
+os.environ["MLM_ADAPT_HELP_CACHE"] = tempfile.mkdtemp(prefix="mlm_adapt_help_")
 # ``caplog`` reads records through the root logger. Lightning stops its logger's propagation when the root
 # logger had no handler at Lightning's import, which depends on the import order and the pytest version
 # (imported here, before pytest's log capture, under pytest 8): the tests of logged lines would see none.

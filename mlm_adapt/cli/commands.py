@@ -29,6 +29,7 @@ from jsonargparse import ArgumentParser
 
 from mlm_adapt.cli.data_only import prepare_main, preview_main, vocab_main
 from mlm_adapt.cli.fill_mask import fill_mask_main
+from mlm_adapt.cli.help_cache import cacheable, cached_help
 from mlm_adapt.cli.plot import plot_main
 from mlm_adapt.cli.usage import OTHER_COMMANDS, PROG, SUMMARIES, TRAINER_COMMANDS, description, usage
 from mlm_adapt.errors import (
@@ -37,6 +38,7 @@ from mlm_adapt.errors import (
     STOP,
     Interrupted,
     MLMAdaptError,
+    check_checkpoint_path,
     debug_enabled,
     install_stop_handlers,
     parser_message,
@@ -90,6 +92,7 @@ def export_main(args: list[str]) -> None:
     )
     parser.add_class_arguments(ExportCommand)
     command = ExportCommand(**parser.parse_args(bare_flags(args, ExportCommand)).as_dict())
+    check_checkpoint_path(command.ckpt_path, "--ckpt_path")
     # The options are valid: now the export's stack (torch, Lightning, transformers).
     import transformers  # noqa: PLC0415 - imported by the command that uses it (module docstring)
 
@@ -252,7 +255,7 @@ def _report_user_errors(entry: Callable[[list[str]], object], args: list[str], u
 
 def _fit_cli(args: list[str]) -> None:
     # LightningCLI's parser needs the Trainer's, the model's and the data module's signatures: the whole
-    # training stack, imported here, for these commands only.
+    # training stack, imported here, for these commands only (their bare --help: cli.help_cache).
     from mlm_adapt.cli.fit import MLMAdaptCLI  # noqa: PLC0415 - imported by the command that uses it
 
     # LightningCLI reads sys.argv itself; passing it again only triggers its "args and argv" warning.
@@ -260,6 +263,35 @@ def _fit_cli(args: list[str]) -> None:
         args=None if args == sys.argv[1:] else args,
         parser_kwargs={"prog": PROG, "description": description()},
     )
+
+
+def _trainer_command(args: list[str]) -> None:
+    if cacheable(args, TRAINER_COMMANDS):  # the help, once built, without building the parser again
+        cached_help(args[0], lambda: _fit_cli(args))
+    check_config_files(args)
+    _fit_cli(args)
+
+
+def check_config_files(args: list[str]) -> None:
+    """Refuses a ``--config``/``-c`` that is neither a file nor a YAML mapping, before LightningCLI's parser
+    (the training stack) is built, with the line that parser would print."""
+    for i, arg in enumerate(args):
+        name, equals, value = arg.partition("=")
+        if name not in ("--config", "-c"):
+            continue
+        if not equals:
+            if i + 1 >= len(args):
+                return  # no value: the parser says so
+            value = args[i + 1]
+        if os.path.exists(value):
+            continue
+        try:
+            inline = yaml.safe_load(value)
+        except yaml.YAMLError:
+            inline = None
+        if not isinstance(inline, dict):  # a YAML mapping is a config given inline
+            usage = " ".join([PROG, *[a for a in args[:1] if a in TRAINER_COMMANDS], "--help"])
+            raise MLMAdaptError(f'Parser key "config": File does not exist: {value!r} ({usage} for usage)')
 
 
 def _unknown_command(args: list[str]) -> None:
@@ -299,6 +331,6 @@ def main(args: list[str] | None = None) -> None:
         _run(COMMANDS[args[0]].run, args[1:], usage=args[0])
     elif args[0] in TRAINER_COMMANDS or args[0].startswith("-"):
         # A trainer command, or LightningCLI's own options before one (-c CONFIG fit, --print_config).
-        _run(_fit_cli, args, usage=args[0] if args[0] in TRAINER_COMMANDS else "")
+        _run(_trainer_command, args, usage=args[0] if args[0] in TRAINER_COMMANDS else "")
     else:
         _run(_unknown_command, args, usage="")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from jsonargparse import auto_cli
 
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import MLMAdaptError, check_checkpoint_path, check_model_path
 
 # Annotations only, quoted: jsonargparse evaluates postponed annotations (and so runs a TYPE_CHECKING block)
 # of the module whose function it reads, which would import them with --help.
@@ -187,6 +187,10 @@ def fill_mask(
     """
     if top_k < 1:
         raise MLMAdaptError(f"--top_k={top_k} must be at least 1")
+    if Path(model).suffix == ".ckpt":
+        check_checkpoint_path(model, "--model")
+    else:
+        check_model_path(model, "--model")
     import transformers  # noqa: PLC0415 - the options are valid: now the model's stack
 
     transformers.logging.disable_progress_bar()

@@ -10,7 +10,7 @@ from lightning.fabric.utilities.load import _METADATA_FILENAME
 from lightning.pytorch.utilities.consolidate_checkpoint import _format_checkpoint
 from transformers import PreTrainedTokenizerBase
 
-from mlm_adapt.errors import MLMAdaptError, check_model_path
+from mlm_adapt.errors import MLMAdaptError, check_checkpoint_path, check_model_path
 from mlm_adapt.guard.loads import (
     check_sharded_metadata,
     is_sharded_checkpoint,
@@ -26,8 +26,7 @@ def _checkpoint_path(path: str | Path, key: str) -> tuple[Path, bool]:
     """``path`` and whether it is an FSDP sharded checkpoint directory; one line if it is neither that nor
     a file (a DeepSpeed directory gets its conversion)."""
     path = Path(path)
-    if not path.exists():
-        raise MLMAdaptError(f"{key}: {path} does not exist; give a .ckpt file the trainer wrote")
+    check_checkpoint_path(path, key)
     if not path.is_dir():
         return path, False
     if is_sharded_checkpoint(path):

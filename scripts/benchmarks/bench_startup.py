@@ -3,7 +3,9 @@
 Per command: ``python -m mlm_adapt COMMAND --help`` and one refusal of a missing file (``--data.train_files``
 for prepare, preview and vocab; the checkpoint, model, run directory or config for the others), each the
 minimum of ``--runs`` fresh interpreters, measured in the same run as the baselines ``python -c pass`` and
-``python -c "import lightning"``. Prints a Markdown table (docs/benchmarks.md).
+``python -c "import lightning"``. The trainer commands' ``--help`` is timed twice: as first built (no help
+cache: LightningCLI's parser) and as every later one answers (from mlm_adapt.cli.help_cache, kept in a
+temporary directory warmed by the first round). Prints a Markdown table (docs/benchmarks.md).
 
     python scripts/benchmarks/bench_startup.py [--runs 5]
 """
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+NO_CACHE = "<no help cache>"  # a marker in a case's arguments: run it with the help cache turned off
 
 
 def cases(missing: Path) -> list[tuple[str, list[str]]]:
@@ -42,14 +45,25 @@ def cases(missing: Path) -> list[tuple[str, list[str]]]:
     found = [("python -c pass", ["-c", "pass"]), ('python -c "import lightning"', ["-c", "import lightning"])]
     found.append(("python -m mlm_adapt (usage)", ["-m", "mlm_adapt"]))
     for command, (what, refusal) in refusals.items():
-        found.append((f"{command} --help", ["-m", "mlm_adapt", command, "--help"]))
+        if command in ("fit", "validate", "test"):
+            found.append(
+                (
+                    f"{command} --help, first (builds the parser)",
+                    ["-m", "mlm_adapt", command, "--help", NO_CACHE],
+                )
+            )
+            found.append((f"{command} --help, later (cached)", ["-m", "mlm_adapt", command, "--help"]))
+        else:
+            found.append((f"{command} --help", ["-m", "mlm_adapt", command, "--help"]))
         found.append((f"{command}: missing {what}", ["-m", "mlm_adapt", *refusal]))
     return found
 
 
-def timed(args: list[str]) -> tuple[float, int]:
+def timed(args: list[str], help_cache: Path) -> tuple[float, int]:
     """Wall seconds of one fresh interpreter running ``args``, and its exit status."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env["MLM_ADAPT_HELP_CACHE"] = "" if NO_CACHE in args else str(help_cache)
+    args = [a for a in args if a != NO_CACHE]
     start = time.perf_counter()
     result = subprocess.run([sys.executable, *args], capture_output=True, env=env, cwd=REPO, check=False)
     return time.perf_counter() - start, result.returncode
@@ -65,7 +79,7 @@ def main() -> None:
         codes: dict[str, int] = {}
         for _ in range(runs):  # interleaved rounds: a change of load hits every case alike
             for label, args in all_cases:
-                seconds, codes[label] = timed(args)
+                seconds, codes[label] = timed(args, Path(tmp) / "help")
                 best[label] = min(best.get(label, float("inf")), seconds)
     load = os.getloadavg()[0]
     print(f"{os.cpu_count()} CPUs, load {load:.1f}, min of {runs} runs\n")

@@ -45,11 +45,62 @@ def run_fresh(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
 
 
 @pytest.mark.parametrize("command", [*SUMMARIES, ""])
-def test_help_imports_only_what_the_command_needs(command):
+def test_help_imports_only_what_the_command_needs(command, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLM_ADAPT_HELP_CACHE", str(tmp_path / "help"))  # empty: the first help is built
     result, imported = run_fresh(*([command] if command else []), "--help")
     assert result.returncode == 0, result.stderr[-2000:]
     assert imported == HELP_IMPORTS.get(command, set()), f"{command} --help imported {sorted(imported)}"
     assert "usage:" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["fit", "validate", "test"])
+def test_a_trainer_commands_help_once_built_answers_without_the_stack(command, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLM_ADAPT_HELP_CACHE", str(tmp_path / "help"))
+    built, _ = run_fresh(command, "--help")
+    again, imported = run_fresh(command, "-h")
+    assert again.returncode == 0 and imported == set(), again.stderr[-2000:]
+    assert again.stdout == built.stdout and "--trainer.max_steps" in again.stdout
+    (kept,) = (tmp_path / "help").iterdir()
+    assert oct(kept.stat().st_mode & 0o777) == "0o600"
+    with_config, imported = run_fresh(command, "--config", str(REPO / "configs" / "demo.yaml"), "--help")
+    assert with_config.returncode == 0 and imported == TRAINER_STACK  # its defaults: never from the cache
+
+
+def test_the_help_cache_key_follows_the_code_and_the_terminal(monkeypatch, tmp_path):
+    from mlm_adapt.cli import help_cache
+
+    key = help_cache.help_key("fit")
+    assert help_cache.help_key("fit") == key and help_cache.help_key("test") != key
+    monkeypatch.setenv("COLUMNS", "57")
+    assert help_cache.help_key("fit") != key  # formatted for another width
+    monkeypatch.delenv("COLUMNS")
+    copy = tmp_path / "mlm_adapt"
+    import shutil
+
+    shutil.copytree(help_cache.PACKAGE, copy)
+    monkeypatch.setattr(help_cache, "PACKAGE", copy)
+    assert help_cache.help_key("fit") == key
+    (copy / "data" / "datamodule.py").write_text("# an edited option docstring\n", encoding="utf-8")
+    assert help_cache.help_key("fit") != key
+    versions = help_cache.metadata.version
+    monkeypatch.setattr(help_cache.metadata, "version", lambda name: versions(name) + "-other")
+    assert help_cache.help_key("fit") != key
+
+
+def test_a_help_cache_someone_else_can_write_to_is_not_used(monkeypatch, tmp_path):
+    from mlm_adapt.cli import help_cache
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    assert not help_cache._private_dir(shared)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    assert not help_cache._private_dir(link)
+    assert help_cache._private_dir(tmp_path / "fresh" / "help")
+    monkeypatch.setenv("MLM_ADAPT_HELP_CACHE", "")
+    assert help_cache.cache_dir() is None
 
 
 @pytest.mark.parametrize("command", ["preview", "prepare", "vocab"])
@@ -98,3 +149,36 @@ def test_corpus_check_leaves_what_it_cannot_tell_to_the_parser(tmp_path):
     config.write_text("data:\n  dataset_name: hub/set\n", encoding="utf-8")
     later = corpus_settings([files, "--config", str(config)])
     assert later["dataset_name"] == "hub/set" and later["train_files"] == [f"{tmp_path}/a.txt"]
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["fit", "--config", "{gone}/fit.yaml"],
+            "Parser key \"config\": File does not exist: '{gone}/fit.yaml' "
+            "(python -m mlm_adapt fit --help for usage)",
+        ),
+        (
+            ["test", "-c={gone}/fit.yaml"],
+            "Parser key \"config\": File does not exist: '{gone}/fit.yaml' "
+            "(python -m mlm_adapt test --help for usage)",
+        ),
+        (
+            ["export", "--ckpt_path", "{gone}/last.ckpt", "--output_dir", "{gone}/out"],
+            "--ckpt_path: {gone}/last.ckpt does not exist; give a .ckpt file the trainer wrote",
+        ),
+        (
+            ["fill-mask", "北京[MASK]你", "--model", "{gone}/model"],
+            "--model: {gone}/model does not exist; check the path (a save_pretrained directory)",
+        ),
+    ],
+    ids=["fit-config", "test-config", "export-ckpt", "fill-mask-model"],
+)
+def test_a_missing_file_of_the_other_commands_is_refused_before_the_stack(args, line, tmp_path):
+    gone = tmp_path / "gone"
+    result, imported = run_fresh(*(a.format(gone=gone) for a in args))
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [x for x in result.stderr.splitlines() if x.startswith("mlm_adapt: error:")]
+    assert errors == ["mlm_adapt: error: " + line.format(gone=gone)]
+    assert imported == set()
