@@ -90,7 +90,9 @@ def test_a_prepare_array_equals_one_process_and_feeds_a_two_node_fit(
     )
     assert slurm_cluster.wait(f"{again}_0", timeout=240)["JobState"] == "COMPLETED"
     assert (prepared / part_name(0, 2) / "manifest.json").stat().st_mtime_ns == before
-    assert "is complete (an earlier run of this task); kept" in job_log(tmp_path, f"{again}_0")
+    assert "is complete (an earlier run of this task, of the same corpus); kept" in job_log(
+        tmp_path, f"{again}_0"
+    )
 
     # The two training nodes read the parts; nobody segments anything.
     fit_args = [
