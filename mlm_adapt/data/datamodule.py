@@ -20,6 +20,7 @@ from mlm_adapt.data.loader_state import WorkerCountFreeLoader
 from mlm_adapt.data.prepared import load_prepared
 from mlm_adapt.data.preprocess import BLOCK_FEATURES, AnyDataset, drop_empty, to_blocks
 from mlm_adapt.data.replay import (
+    IDLE_REPLAY,
     Replay,
     check_replay_state,
     check_rise_limit,
@@ -27,7 +28,7 @@ from mlm_adapt.data.replay import (
     parse_mix_rate,
     replay_settings,
     replay_summary,
-    setting_changes,
+    resume_line,
 )
 from mlm_adapt.data.samplers import KeyedDataset, train_sampler
 from mlm_adapt.data.streaming import StreamingCorpus, open_stream
@@ -459,11 +460,7 @@ class MLMDataModule(L.LightningDataModule):
         if "mix" in blocks:
             hp = self.hparams
             if max(rate for _, rate in self.mix_schedule.points) == 0 and hp.forgetting_budget is None:
-                rank_zero_warn(
-                    "mlm_adapt: data.mix_files is read, segmented and packed, but nothing of it is replayed: "
-                    "data.mix_probability is 0 and data.forgetting_budget is unset; set one of them (e.g. "
-                    "data.mix_probability: 0.1 or data.forgetting_budget: 0.2), or drop data.mix_files"
-                )
+                rank_zero_warn(IDLE_REPLAY)
             self.replay = Replay(
                 KeyedDataset(blocks["mix"]).blocks, self.mix_schedule, hp.forgetting_budget, hp.max_mix_rate
             )
@@ -557,22 +554,10 @@ class MLMDataModule(L.LightningDataModule):
     def _resumed_segments(self, segments: list[list[Any]], step: int, replay_state: Any) -> list[list[Any]]:
         """``segments`` with one more from ``step`` when this run's replay settings differ from the last."""
         current = replay_settings(self.hparams)
-        changes = setting_changes(segments[-1][1], current)
-        trainer = self.trainer
-        if not changes or (trainer is not None and trainer.state.fn != "fit"):
+        line = resume_line(step, segments[-1][1], current, bool((replay_state or {}).get("checks")))
+        if line is None or (self.trainer is not None and self.trainer.state.fn != "fit"):
             return segments  # validate/test read the weights only: no segment of training
-        old_budget, budget = segments[-1][1].get("forgetting_budget"), current["forgetting_budget"]
-        if budget is None:
-            effect = "no budget from here: the mix rate is data.mix_probability's"
-        elif old_budget is None and not (replay_state or {}).get("checks"):
-            effect = f"the budget's baseline is the check at step {step}, and rises are measured from there"
-        else:
-            effect = "the controller continues from the checkpoint's rate and baseline"
-        rank_zero_info(
-            f"mlm_adapt replay: resuming at step {step} with changed replay settings: {'; '.join(changes)} "
-            f"({effect}; each check is judged against the budget in force when it ran, and the card "
-            "records every segment)"
-        )
+        rank_zero_info(line)
         return [*segments, [step, current]]
 
     def replay_report(self) -> dict[str, Any]:

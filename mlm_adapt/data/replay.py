@@ -53,6 +53,13 @@ REPLAY_SETTINGS = (
     "forgetting_check_batches",
 )
 
+# General text read for nothing: a warning when the blocks are set up.
+IDLE_REPLAY = (
+    "mlm_adapt: data.mix_files is read, segmented and packed, but nothing of it is replayed: "
+    "data.mix_probability is 0 and data.forgetting_budget is unset; set one of them (e.g. "
+    "data.mix_probability: 0.1 or data.forgetting_budget: 0.2), or drop data.mix_files"
+)
+
 # What padding holds in each per-token column of a collated batch.
 _PAD = {"attention_mask": 0, "word_ids": -1, "labels": -100, "document_ids": -1, "position_ids": 0}
 
@@ -314,6 +321,25 @@ def setting_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]
         for name in REPLAY_SETTINGS
         if _plain(old.get(name)) != _plain(new.get(name))
     ]
+
+
+def resume_line(step: int, old: Mapping[str, Any], new: Mapping[str, Any], checked: bool) -> str | None:
+    """The one line of a resume at ``step`` whose replay settings ``new`` differ from the checkpoint's last
+    segment ``old`` (``None`` when none differs); ``checked``: the checkpoint's replay state holds checks."""
+    changes = setting_changes(old, new)
+    if not changes:
+        return None
+    if new.get("forgetting_budget") is None:
+        effect = "no budget from here: the mix rate is data.mix_probability's"
+    elif old.get("forgetting_budget") is None and not checked:
+        effect = f"the budget's baseline is the check at step {step}, and rises are measured from there"
+    else:
+        effect = "the controller continues from the checkpoint's rate and baseline"
+    return (
+        f"mlm_adapt replay: resuming at step {step} with changed replay settings: {'; '.join(changes)} "
+        f"({effect}; each check is judged against the budget in force when it ran, and the card records "
+        "every segment)"
+    )
 
 
 def _check_settings(settings: Any, where: str, key: str) -> dict[str, Any]:
