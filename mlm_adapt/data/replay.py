@@ -266,7 +266,7 @@ def check_replay_state(state: Any, key: str = "ckpt_path") -> dict[str, Any]:
     anything is used: a mapping; ``budget`` ``None`` or finite > 0; ``max_rate`` (absent in older
     checkpoints: below 1) in (0, 1); ``rate`` ``None`` (a fixed rate) or in [0, max_rate], never ``None``
     under a budget; ``checks`` ``[step, perplexity, rate]`` triples, steps integers >= 0 in order,
-    perplexities > 0 (finite, but for ``inf`` after the first), rates in [0, max_rate]; ``baseline``
+    perplexities > 0 (finite, but for ``inf`` after the first), rates in [0, 1]; ``baseline``
     finite > 0, the first check's perplexity, and ``None`` exactly when there is no check. A zero
     baseline would read every rise as +0.0% (and drive the rate down); a ``NaN`` anywhere would pass
     every comparison. Returns the values as plain numbers; anything else is one line naming the field
@@ -296,7 +296,8 @@ def check_replay_state(state: Any, key: str = "ckpt_path") -> dict[str, Any]:
         # A check after the baseline may read inf (diverged weights: Replay.update); the baseline may not.
         where = f"checks[{i}] perplexity"
         perplexity = _number(perplexity, where, key, 0.0, math.inf, open_low=True, inf=i > 0)
-        checks.append((step, perplexity, _number(check_rate, f"checks[{i}] rate", key, 0.0, max_rate)))
+        # A check's rate is bounded by the max_mix_rate of its segment, which a resume may have lowered since.
+        checks.append((step, perplexity, _number(check_rate, f"checks[{i}] rate", key, 0.0, 1.0)))
     if (baseline is None) != (not checks) or (checks and baseline != checks[0][1]):
         raise _refusal(f"baseline {baseline!r} is not the first check's perplexity", key)
     return {"rate": rate, "baseline": baseline, "checks": checks, "budget": budget, "max_rate": max_rate}

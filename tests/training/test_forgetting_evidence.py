@@ -249,6 +249,15 @@ def test_a_datamodule_and_an_export_refuse_an_altered_state_or_segments(corpus_f
     assert summary_from_checkpoint(good, "--ckpt_path")["checks"] == 1
 
 
+def test_a_state_written_after_a_lowered_max_mix_rate_resumes_again():
+    replay = Replay(general=[], schedule=parse_mix_rate(0.1), budget=0.2, max_rate=0.3)
+    replay.load_state_dict({**CONTROLLED, "rate": 0.45, "checks": [[0, 100.0, 0.1], [20, 150.0, 0.45]]})
+    assert replay.controlled_rate == 0.3
+    again = Replay(general=[], schedule=parse_mix_rate(0.1), budget=0.2, max_rate=0.3)
+    again.load_state_dict(replay.state_dict())  # its checks keep the 0.45 of the segment before
+    assert again.state_dict() == replay.state_dict()
+
+
 def test_a_later_non_finite_check_is_inf_and_its_checkpoint_resumes():
     replay = Replay(general=[], schedule=parse_mix_rate(0.1), budget=0.2)
     replay.update(0, 100.0)
