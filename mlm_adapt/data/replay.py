@@ -344,6 +344,7 @@ def resume_line(step: int, old: Mapping[str, Any], new: Mapping[str, Any], check
 
 
 def _check_settings(settings: Any, where: str, key: str) -> dict[str, Any]:
+    """One segment's settings: only :data:`REPLAY_SETTINGS`, each a value its option accepts."""
     if not isinstance(settings, dict) or not set(settings) <= set(REPLAY_SETTINGS):
         raise _refusal(f"{where} is not a mapping of {', '.join(REPLAY_SETTINGS)}", key)
     settings = {name: _plain(settings.get(name)) for name in REPLAY_SETTINGS}
@@ -352,11 +353,11 @@ def _check_settings(settings: Any, where: str, key: str) -> dict[str, Any]:
     if settings["max_mix_rate"] is not None:
         _number(settings["max_mix_rate"], f"{where} max_mix_rate", key, 0.0, 1.0, True)
     for name in ("forgetting_check_interval", "forgetting_check_batches"):
-        value = settings[name]
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise _refusal(f"{where} {name}={value!r} is not an integer >= 1", key)
-    files = settings["mix_files"]
-    if files is not None and not (isinstance(files, list) and all(isinstance(f, str) for f in files)):
+        if settings[name] is not None:
+            _number(settings[name], f"{where} {name}", key, 1.0, math.inf)
+    files = settings["mix_files"]  # one path or a list, as the DataModule was given them
+    paths = [files] if isinstance(files, str) else files
+    if paths is not None and not (isinstance(paths, list) and all(isinstance(f, str) for f in paths)):
         raise _refusal(f"{where} mix_files={files!r} is not a list of paths", key)
     try:
         parse_mix_rate(settings["mix_probability"] if settings["mix_probability"] is not None else 0.0)

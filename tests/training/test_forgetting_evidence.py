@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import warnings
 from types import SimpleNamespace
 
@@ -247,6 +248,25 @@ def test_a_datamodule_and_an_export_refuse_an_altered_state_or_segments(corpus_f
         with pytest.raises(MLMAdaptError, match=r"^--ckpt_path: the checkpoint's replay state"):
             summary_from_checkpoint(bad, "--ckpt_path")
     assert summary_from_checkpoint(good, "--ckpt_path")["checks"] == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"forgetting_check_interval": 0}, "forgetting_check_interval=0 is not in"),
+        ({"max_mix_rate": math.inf}, "max_mix_rate=inf is not a finite number"),
+        ({"mix_files": [3]}, "mix_files=[3] is not a list of paths"),
+        ({"mix_probability": "lots"}, "mix_probability='lots' is not a mix rate"),
+        ({"unknown": 1}, "segments[0] is not a mapping of forgetting_budget"),
+    ],
+)
+def test_an_altered_segment_is_refused_naming_its_field(corpus_file, general_file, change, field):
+    state = _saved_state(_budget_datamodule(corpus_file, general_file), 40, CONTROLLED)
+    settings = {**state["replay_segments"][0][1], **change}
+    with pytest.raises(MLMAdaptError, match=re.escape(field)):
+        summary_from_checkpoint({**state, "replay_segments": [[0, settings]]}, "--ckpt_path")
+    one_path = {**state["replay_segments"][0][1], "mix_files": "general.txt"}  # as a DataModule takes it
+    assert summary_from_checkpoint({**state, "replay_segments": [[0, one_path]]}, "--ckpt_path")
 
 
 def test_a_state_written_after_a_lowered_max_mix_rate_resumes_again():
