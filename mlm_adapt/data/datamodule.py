@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import datasets
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
@@ -20,7 +19,17 @@ from mlm_adapt.data.corpus_statistics import corpus_stats, describe_stats, split
 from mlm_adapt.data.loader_state import WorkerCountFreeLoader
 from mlm_adapt.data.prepared import load_prepared
 from mlm_adapt.data.preprocess import BLOCK_FEATURES, AnyDataset, drop_empty, to_blocks
-from mlm_adapt.data.replay import Replay, parse_mix_rate
+from mlm_adapt.data.replay import (
+    IDLE_REPLAY,
+    Replay,
+    check_replay_state,
+    check_rise_limit,
+    check_segments,
+    parse_mix_rate,
+    replay_settings,
+    replay_summary,
+    resume_line,
+)
 from mlm_adapt.data.samplers import KeyedDataset, train_sampler
 from mlm_adapt.data.streaming import StreamingCorpus, open_stream
 from mlm_adapt.data.validation_sets import ValidationFiles, ValidationSets, held_out_error, warn_overlap
@@ -98,10 +107,7 @@ def check_arguments(hp: Any) -> tuple[MaskingSchedule, MaskingSchedule, Validati
         raise MLMAdaptError(
             "data.mix_files: replay is not available with data.streaming; mix the files beforehand"
         )
-    if hp.forgetting_warning is not None and hp.forgetting_warning <= 0:
-        raise MLMAdaptError(
-            f"data.forgetting_warning={hp.forgetting_warning} must be > 0, e.g. 0.2 (+20% perplexity)"
-        )
+    check_rise_limit(hp.forgetting_warning, "data.forgetting_warning")
     sets = ValidationSets(hp.validation_files)
     if not 0.0 < hp.max_mix_rate < 1.0:
         raise MLMAdaptError(f"data.max_mix_rate={hp.max_mix_rate} must be in (0, 1), e.g. 0.5")
@@ -109,9 +115,8 @@ def check_arguments(hp: Any) -> tuple[MaskingSchedule, MaskingSchedule, Validati
     budget = hp.forgetting_budget
     if budget is None:
         return schedule, mix, sets
+    check_rise_limit(budget, "data.forgetting_budget")
     # A forgetting budget the run could not hold: no general text, no general set.
-    if not budget > 0 or math.isinf(budget):
-        raise MLMAdaptError(f"data.forgetting_budget={budget} must be > 0, e.g. 0.2 (+20% perplexity)")
     if not hp.mix_files:
         raise MLMAdaptError(
             "data.forgetting_budget needs general text to replay: set data.mix_files (general-domain files)"
@@ -258,6 +263,8 @@ class MLMDataModule(L.LightningDataModule):
         self.test_dataset: datasets.Dataset | None = None
         self.replay: Replay | None = None  # general blocks and the mix rate, with data.mix_files
         self._replay_state: dict | None = None  # a checkpoint's, until setup builds ``replay``
+        # ``[first_step, replay settings]`` of each stretch of the run (a resume may change them).
+        self.replay_segments: list[list[Any]] = [[0, replay_settings(self.hparams)]]
         self.corpus_stats: dict[str, int] = {}
 
     @cached_property
@@ -453,6 +460,8 @@ class MLMDataModule(L.LightningDataModule):
         self.test_dataset = blocks.get("test", self.val_dataset)
         if "mix" in blocks:
             hp = self.hparams
+            if max(rate for _, rate in self.mix_schedule.points) == 0 and hp.forgetting_budget is None:
+                rank_zero_warn(IDLE_REPLAY)
             self.replay = Replay(
                 KeyedDataset(blocks["mix"]).blocks, self.mix_schedule, hp.forgetting_budget, hp.max_mix_rate
             )
@@ -515,14 +524,47 @@ class MLMDataModule(L.LightningDataModule):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"replay": self.replay.state_dict()} if self.replay is not None else {}
+        trainer = self.trainer
+        state: dict[str, Any] = {
+            "replay_segments": self.replay_segments,
+            "step": int(trainer.global_step) if trainer is not None else 0,
+        }
+        if self.replay is not None:
+            state["replay"] = self.replay.state_dict()
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        # Anything but a mapping is handed on as it is, for Replay to refuse in one line.
-        self._replay_state = state_dict.get("replay") if isinstance(state_dict, dict) else state_dict
-        if self.replay is not None and self._replay_state is not None:
-            self.replay.load_state_dict(self._replay_state)
+        """A checkpoint's replay state and segments, each checked before anything is used (one line for an
+        altered one); a replay setting that differs from the checkpoint's last segment is one line naming
+        the old and new values, and a new segment from the checkpoint's step (the card reports each).
+        Checkpoints of earlier versions hold no segments: the run is then one segment."""
+        if not isinstance(state_dict, dict):
+            check_replay_state(state_dict)  # refuses it, in one line
+        replay_state = state_dict.get("replay")
+        if replay_state is not None:
+            check_replay_state(replay_state)
+        if state_dict.get("replay_segments") is not None:
+            step = state_dict.get("step")
+            segments = check_segments(state_dict["replay_segments"], step)
+            self.replay_segments = self._resumed_segments(segments, step, replay_state)
+        self._replay_state = replay_state
+        if self.replay is not None and replay_state is not None:
+            self.replay.load_state_dict(replay_state)
+
+    def _resumed_segments(self, segments: list[list[Any]], step: int, replay_state: Any) -> list[list[Any]]:
+        """``segments`` with one more from ``step`` when this run's replay settings differ from the last."""
+        current = replay_settings(self.hparams)
+        line = resume_line(step, segments[-1][1], current, bool((replay_state or {}).get("checks")))
+        if line is None or (self.trainer is not None and self.trainer.state.fn != "fit"):
+            return segments  # validate/test read the weights only: no segment of training
+        rank_zero_info(line)
+        return [*segments, [step, current]]
+
+    def replay_report(self) -> dict[str, Any]:
+        """:func:`~mlm_adapt.data.replay.replay_summary` of this run: its replay state and segments."""
+        state = self.replay.state_dict() if self.replay is not None else None
+        return replay_summary(state, self.replay_segments)
 
     def _eval_batch_size(self) -> int:
         return self.hparams.eval_batch_size or self.hparams.batch_size  # never 0: refused in __init__

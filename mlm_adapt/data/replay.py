@@ -15,7 +15,7 @@ each change at most ``MAX_CHANGE``, the integral controller of docs/training.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,25 @@ GAIN = 0.5
 TARGET = 0.75
 MAX_CHANGE = 0.2
 
+# The replay settings a resumed run may change: the resume says so in one line (old -> new) and the card
+# records every segment. Unlike the settings a checkpoint fixes (mlm_adapt.training.resume.FIXED_SETTINGS),
+# nothing restored depends on them: the controller continues from the checkpoint's rate and baseline.
+REPLAY_SETTINGS = (
+    "forgetting_budget",
+    "mix_probability",
+    "max_mix_rate",
+    "mix_files",
+    "forgetting_check_interval",
+    "forgetting_check_batches",
+)
+
+# General text read for nothing: a warning when the blocks are set up.
+IDLE_REPLAY = (
+    "mlm_adapt: data.mix_files is read, segmented and packed, but nothing of it is replayed: "
+    "data.mix_probability is 0 and data.forgetting_budget is unset; set one of them (e.g. "
+    "data.mix_probability: 0.1 or data.forgetting_budget: 0.2), or drop data.mix_files"
+)
+
 # What padding holds in each per-token column of a collated batch.
 _PAD = {"attention_mask": 0, "word_ids": -1, "labels": -100, "document_ids": -1, "position_ids": 0}
 
@@ -49,6 +68,14 @@ def parse_mix_rate(value: RateSpec) -> MaskingSchedule:
     """``data.mix_probability``: a rate in [0, 1) or ``[[fraction_of_training, rate], ...]`` points."""
     example = "e.g. 0.2 or [[0.0, 0.1], [1.0, 0.3]]"
     return parse_schedule(value, "data.mix_probability", zero_allowed=True, example=example)
+
+
+def check_rise_limit(value: float | None, key: str) -> None:
+    """``data.forgetting_budget`` and ``data.forgetting_warning``: ``None`` or a finite relative rise > 0
+    (``NaN`` would compare false with every rise, so the budget or warning could never act)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if value is not None and (not number or not 0 < value < math.inf):
+        raise MLMAdaptError(f"{key}={value} must be a finite number > 0, e.g. 0.2 (+20% perplexity)")
 
 
 def replayed_slots(keys: torch.Tensor, rate: float, n_general: int) -> tuple[np.ndarray, np.ndarray]:
@@ -148,8 +175,16 @@ class Replay:
 
     def update(self, step: int, perplexity: float) -> tuple[float, float]:
         """Records a forgetting check and moves the controlled rate; returns ``(old_rate, new_rate)``. The
-        first check (step 0) is the baseline and changes nothing."""
+        first check (step 0, or the resumed step where a budget was added on resume) is the baseline and
+        changes nothing; a later non-finite perplexity is recorded as ``inf``."""
         old = float(self.controlled_rate or 0.0)
+        if not math.isfinite(perplexity):
+            if self.baseline is None:
+                raise MLMAdaptError(
+                    f"data.forgetting_budget: the general set's perplexity at the baseline check (step "
+                    f"{step}) is {perplexity}: the weights or the general validation text give no finite loss"
+                )
+            perplexity = math.inf  # diverged weights: the most forgetting there is (the rate goes up)
         if self.baseline is None:
             self.baseline = perplexity
             self.checks.append(Check(step, perplexity, old))
@@ -163,12 +198,12 @@ class Replay:
         return old, new
 
     def rise(self, perplexity: float) -> float:
-        """Relative rise of a check's perplexity over the step-0 check."""
-        return perplexity / self.baseline - 1 if self.baseline else 0.0
+        """Relative rise of a check's perplexity over the baseline check (> 0: :func:`check_replay_state`)."""
+        return perplexity / self.baseline - 1
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, segments: Sequence[Sequence[Any]] | None = None) -> dict[str, Any]:
         """The budget, the rate trajectory and whether the last check held (for the table and the card)."""
-        return replay_summary(self.state_dict())
+        return replay_summary(self.state_dict(), segments)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain values for checkpoints."""
@@ -177,57 +212,281 @@ class Replay:
             "baseline": self.baseline,
             "checks": [[c.step, c.perplexity, c.rate] for c in self.checks],
             "budget": self.budget,
+            "max_rate": self.max_rate,
         }
 
     def load_state_dict(self, state: Any) -> None:
-        """Restores the controller after an exact resume; a state of another shape (an altered checkpoint)
-        is refused before any step."""
+        """Restores the controller after an exact resume, after :func:`check_replay_state` (an altered
+        checkpoint is refused in one line before any step, and nothing is half-loaded). The checks are
+        kept whatever the budget now is (the card reports them); the rate is the checkpoint's only under a
+        budget, capped at a lowered ``max_rate``. A state without a controller's rate (a fixed-rate run
+        given a budget on resume) leaves the starting rate, and the next check is the baseline."""
+        state = check_replay_state(state)
+        self.baseline = state["baseline"]
+        self.checks = [Check(*check) for check in state["checks"]]
         if self.budget is None:
-            return  # a fixed rate has no state (a resumed run may drop the budget: it keeps its rate)
-        try:
-            rate, baseline = state.get("rate", self.controlled_rate), state.get("baseline")
-            checks = [Check(int(s), float(p), float(r)) for s, p, r in state.get("checks", [])]
-            values = [rate, baseline or 1.0, *(c.perplexity for c in checks), *(c.rate for c in checks)]
-            if rate is not None and not all(math.isfinite(float(v)) and float(v) >= 0 for v in values):
-                raise ValueError("negative or non-finite values")
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise MLMAdaptError(
-                f"ckpt_path: the checkpoint's replay state is not one mlm_adapt writes ({exc}); resume from "
-                "an unaltered checkpoint, or start the run again"
-            ) from None
-        self.controlled_rate = None if rate is None else min(float(rate), self.max_rate)
-        self.baseline = None if baseline is None else float(baseline)
-        self.checks = checks
+            self.controlled_rate = None  # the schedule's rate from here (data.mix_probability)
+        elif state["rate"] is not None:
+            self.controlled_rate = min(state["rate"], self.max_rate)
+
+    @property
+    def baseline_step(self) -> int:
+        """The step of the baseline check (0, or the resumed step where a budget was added on resume)."""
+        return self.checks[0].step if self.checks else 0
 
 
-def replay_summary(state: Any) -> dict[str, Any]:
-    """What a run's replay did, from a :meth:`Replay.state_dict` (also read back from a checkpoint): ``{}``
-    without a budget's checks, else ``budget``, ``trajectory`` (``[step, rate, rise]`` where the rate changed,
-    and the first and last), ``final_rate``, ``mean_rate``, ``last_rise`` and ``held`` (within the budget)."""
+def _refusal(problem: str, key: str) -> MLMAdaptError:
+    return MLMAdaptError(
+        f"{key}: the checkpoint's replay state is not one mlm_adapt writes ({problem}); resume from an "
+        "unaltered checkpoint, or start the run again"
+    )
+
+
+def _number(
+    value: Any, where: str, key: str, low: float, high: float, open_low: bool = False, inf: bool = False
+) -> float:
+    """``value`` as a finite number (``inf`` also, with ``inf``) in ``[low, high]`` (``(low, high]`` with
+    ``open_low``), else one line."""
+    bound = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or math.isnan(value) or (math.isinf(value) and not (inf and value > 0)):
+        raise _refusal(f"{where}={value!r} is not a finite number in {bound}", key)
+    if value < low or value > high or (open_low and value == low):
+        raise _refusal(f"{where}={value!r} is not in {bound}", key)
+    return float(value)
+
+
+def _optional(state: dict[str, Any], name: str, key: str, low: float, high: float, open_low: bool) -> Any:
+    value = state.get(name)
+    return None if value is None else _number(value, name, key, low, high, open_low)
+
+
+def check_replay_state(state: Any, key: str = "ckpt_path") -> dict[str, Any]:
+    """The one schema of a checkpoint's replay state (:meth:`Replay.state_dict`), checked whole before
+    anything is used: a mapping; ``budget`` ``None`` or finite > 0; ``max_rate`` (absent in older
+    checkpoints: below 1) in (0, 1); ``rate`` ``None`` (a fixed rate) or in [0, max_rate], never ``None``
+    under a budget; ``checks`` ``[step, perplexity, rate]`` triples, steps integers >= 0 in order,
+    perplexities > 0 (finite, but for ``inf`` after the first), rates in [0, 1]; ``baseline``
+    finite > 0, the first check's perplexity, and ``None`` exactly when there is no check. A zero
+    baseline would read every rise as +0.0% (and drive the rate down); a ``NaN`` anywhere would pass
+    every comparison. Returns the values as plain numbers; anything else is one line naming the field
+    (under ``key``)."""
+    if not isinstance(state, dict):
+        raise _refusal(f"a {type(state).__name__}, not a mapping", key)
+    budget = _optional(state, "budget", key, 0.0, math.inf, open_low=True)
+    max_rate = (
+        1.0 if state.get("max_rate") is None else _number(state["max_rate"], "max_rate", key, 0, 1, True)
+    )
+    rate = _optional(state, "rate", key, 0.0, max_rate, open_low=False)
+    if budget is not None and rate is None:
+        raise _refusal(f"budget {budget:g} without a mix rate", key)
+    baseline = _optional(state, "baseline", key, 0.0, math.inf, open_low=True)
+    raw_checks = state.get("checks", [])
+    if not isinstance(raw_checks, list | tuple):
+        raise _refusal(f"checks={raw_checks!r} is not a list", key)
+    checks: list[tuple[int, float, float]] = []
+    for i, check in enumerate(raw_checks):
+        if not isinstance(check, list | tuple) or len(check) != 3:
+            raise _refusal(f"checks[{i}]={check!r} is not a [step, perplexity, rate] triple", key)
+        step, perplexity, check_rate = check
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise _refusal(f"checks[{i}] step {step!r} is not an integer >= 0", key)
+        if checks and step < checks[-1][0]:
+            raise _refusal(f"checks[{i}] step {step} comes before step {checks[-1][0]}", key)
+        # A check after the baseline may read inf (diverged weights: Replay.update); the baseline may not.
+        where = f"checks[{i}] perplexity"
+        perplexity = _number(perplexity, where, key, 0.0, math.inf, open_low=True, inf=i > 0)
+        # A check's rate is bounded by the max_mix_rate of its segment, which a resume may have lowered since.
+        checks.append((step, perplexity, _number(check_rate, f"checks[{i}] rate", key, 0.0, 1.0)))
+    if (baseline is None) != (not checks) or (checks and baseline != checks[0][1]):
+        raise _refusal(f"baseline {baseline!r} is not the first check's perplexity", key)
+    return {"rate": rate, "baseline": baseline, "checks": checks, "budget": budget, "max_rate": max_rate}
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, all the way down (YAML and checkpoints have no tuples)."""
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def replay_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's :data:`REPLAY_SETTINGS`, as plain values: what a segment of the run replayed under."""
+    return {name: _plain(hparams.get(name)) for name in REPLAY_SETTINGS}
+
+
+def setting_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """``data.KEY OLD -> NEW`` for every replay setting that differs between two segments."""
+    return [
+        f"data.{name} {old.get(name)!r} -> {new.get(name)!r}"
+        for name in REPLAY_SETTINGS
+        if _plain(old.get(name)) != _plain(new.get(name))
+    ]
+
+
+def resume_line(step: int, old: Mapping[str, Any], new: Mapping[str, Any], checked: bool) -> str | None:
+    """The one line of a resume at ``step`` whose replay settings ``new`` differ from the checkpoint's last
+    segment ``old`` (``None`` when none differs); ``checked``: the checkpoint's replay state holds checks."""
+    changes = setting_changes(old, new)
+    if not changes:
+        return None
+    if new.get("forgetting_budget") is None:
+        effect = "no budget from here: the mix rate is data.mix_probability's"
+    elif old.get("forgetting_budget") is None and not checked:
+        effect = f"the budget's baseline is the check at step {step}, and rises are measured from there"
+    else:
+        effect = "the controller continues from the checkpoint's rate and baseline"
+    return (
+        f"mlm_adapt replay: resuming at step {step} with changed replay settings: {'; '.join(changes)} "
+        f"({effect}; each check is judged against the budget in force when it ran, and the card records "
+        "every segment)"
+    )
+
+
+def _check_settings(settings: Any, where: str, key: str) -> dict[str, Any]:
+    """One segment's settings: only :data:`REPLAY_SETTINGS`, each a value its option accepts."""
+    if not isinstance(settings, dict) or not set(settings) <= set(REPLAY_SETTINGS):
+        raise _refusal(f"{where} is not a mapping of {', '.join(REPLAY_SETTINGS)}", key)
+    settings = {name: _plain(settings.get(name)) for name in REPLAY_SETTINGS}
+    if settings["forgetting_budget"] is not None:
+        _number(settings["forgetting_budget"], f"{where} forgetting_budget", key, 0.0, math.inf, True)
+    if settings["max_mix_rate"] is not None:
+        _number(settings["max_mix_rate"], f"{where} max_mix_rate", key, 0.0, 1.0, True)
+    for name in ("forgetting_check_interval", "forgetting_check_batches"):
+        if settings[name] is not None:
+            _number(settings[name], f"{where} {name}", key, 1.0, math.inf)
+    files = settings["mix_files"]  # one path or a list, as the DataModule was given them
+    paths = [files] if isinstance(files, str) else files
+    if paths is not None and not (isinstance(paths, list) and all(isinstance(f, str) for f in paths)):
+        raise _refusal(f"{where} mix_files={files!r} is not a list of paths", key)
+    try:
+        parse_mix_rate(settings["mix_probability"] if settings["mix_probability"] is not None else 0.0)
+    except MLMAdaptError:
+        raise _refusal(
+            f"{where} mix_probability={settings['mix_probability']!r} is not a mix rate", key
+        ) from None
+    return settings
+
+
+def check_segments(segments: Any, step: Any, key: str = "ckpt_path") -> list[list[Any]]:
+    """A checkpoint's replay segments (``[[first_step, settings], ...]``, the first from step 0, in order,
+    settings as :func:`replay_settings` writes them) and its ``step`` (not before the last segment),
+    checked like :func:`check_replay_state`."""
+    if not isinstance(segments, list | tuple) or not segments:
+        raise _refusal(f"segments={segments!r} is not a non-empty list", key)
+    checked: list[list[Any]] = []
+    for i, segment in enumerate(segments):
+        if not isinstance(segment, list | tuple) or len(segment) != 2:
+            raise _refusal(f"segments[{i}]={segment!r} is not a [first_step, settings] pair", key)
+        first = segment[0]
+        if (
+            isinstance(first, bool)
+            or not isinstance(first, int)
+            or first < (checked[-1][0] if checked else 0)
+        ):
+            raise _refusal(f"segments[{i}] step {first!r} is not an integer >= the step before it", key)
+        if i == 0 and first != 0:
+            raise _refusal(f"segments[0] starts at step {first}, not 0", key)
+        checked.append([first, _check_settings(segment[1], f"segments[{i}]", key)])
+    if isinstance(step, bool) or not isinstance(step, int) or step < checked[-1][0]:
+        raise _refusal(f"step {step!r} is not an integer >= {checked[-1][0]} (the last segment's start)", key)
+    return checked
+
+
+def _budget_at(segments: Sequence[Sequence[Any]], step: int) -> float | None:
+    """The budget a check at ``step`` ran under: that of the last segment that started before it (a
+    segment from step ``s`` trains steps after ``s``; the check at ``s`` ended the one before)."""
+    budget = segments[0][1].get("forgetting_budget")
+    for first, settings in segments[1:]:
+        if first < step:
+            budget = settings.get("forgetting_budget")
+    return budget
+
+
+def replay_summary(state: Any, segments: Sequence[Sequence[Any]] | None = None) -> dict[str, Any]:
+    """What a run's replay did, from a :meth:`Replay.state_dict` and the run's ``segments`` (read back from a
+    checkpoint, after :func:`check_replay_state` and :func:`check_segments`).
+
+    ``segments`` (``[first_step, settings]`` of each stretch between resumes that changed a replay
+    setting) when there is more than one; with checks of a budget also ``budget`` (that of the last check),
+    ``baseline_step``, ``checks`` (how many ran after the baseline), ``last_check`` (its step),
+    ``trajectory`` (``[step, rate, rise]`` where the rate changed, and the first and last),
+    ``final_rate``, ``mean_rate``, ``last_rise`` and ``held`` (within the budget): the last two ``None``
+    when no check ran after the baseline (not measured). ``{}`` when there is nothing to report."""
     state = state if isinstance(state, dict) else {}
-    checks, baseline, budget = state.get("checks") or [], state.get("baseline"), state.get("budget")
+    segments = [list(segment) for segment in segments or []]
+    summary: dict[str, Any] = {"segments": segments} if len(segments) > 1 else {}
+    checks, baseline = state.get("checks") or [], state.get("baseline")
+    budgets = [_budget_at(segments, int(check[0])) if segments else state.get("budget") for check in checks]
+    budget = next((b for b in reversed(budgets) if b is not None), state.get("budget"))
     if not checks or not baseline or budget is None:
-        return {}
+        return summary
     points = [(int(s), float(r), float(p) / baseline - 1) for s, p, r in checks]
     trajectory = [p for i, p in enumerate(points) if i in (0, len(points) - 1) or p[1] != points[i - 1][1]]
     spans = [(b[0] - a[0], a[1]) for a, b in zip(points, points[1:], strict=False)]
     total = sum(n for n, _ in spans)
+    measured = len(points) > 1  # the baseline alone measures nothing
     return {
+        **summary,
         "budget": budget,
+        "baseline_step": points[0][0],
+        "checks": len(points) - 1,
+        "last_check": points[-1][0],
         "trajectory": [[s, round(r, 4), round(x, 4)] for s, r, x in trajectory],
         "final_rate": points[-1][1],
         "mean_rate": sum(n * r for n, r in spans) / total if total else points[-1][1],
-        "last_rise": points[-1][2],
-        "held": points[-1][2] <= budget,
+        "last_rise": points[-1][2] if measured else None,
+        "held": points[-1][2] <= budget if measured else None,
     }
 
 
-def describe_replay(summary: dict[str, Any]) -> str:
-    """One line: ``mix rate 0 (step 0) -> 0.1 (step 20) -> ...; mean 0.12; general +14% ...``."""
-    steps = " -> ".join(f"{r:g} (step {s})" for s, r, _ in summary["trajectory"])
-    budget = summary["budget"]
-    held = "held" if summary["held"] else "exceeded"
-    return (
-        f"mix rate {steps}; mean {summary['mean_rate']:.3f}; general perplexity {summary['last_rise']:+.1%} "
-        f"over step 0 at the last check (budget +{budget:.0%}: {held})"
+def segment_columns(segments: Sequence[Sequence[Any]]) -> list[str]:
+    """The replay settings that tell the segments apart: the budget, and every other one that changed."""
+    changed = [n for n in REPLAY_SETTINGS if len({repr(s.get(n)) for _, s in segments}) > 1]
+    return ["forgetting_budget", *(n for n in changed if n != "forgetting_budget")]
+
+
+def summary_from_checkpoint(state: Any, key: str) -> dict[str, Any]:
+    """:func:`replay_summary` of a checkpoint's DataModule state (``MLMDataModule.state_dict``), its replay
+    state and segments checked first (an altered one is one line under ``key``)."""
+    state = state if isinstance(state, dict) else {}
+    replay = state.get("replay")
+    if replay is not None:
+        replay = check_replay_state(replay, key)
+    segments = state.get("replay_segments")
+    if segments is not None:
+        segments = check_segments(segments, state.get("step"), key)
+    return replay_summary(replay, segments)
+
+
+def describe_segments(segments: Sequence[Sequence[Any]]) -> str:
+    """``from step 0: data.forgetting_budget=0.2; from step 40: data.forgetting_budget=0.1, ...``: every
+    segment's budget and the other replay settings that differ between segments."""
+    names = segment_columns(segments)
+    return "; ".join(
+        f"from step {first}: " + ", ".join(f"data.{n}={settings.get(n)!r}" for n in names)
+        for first, settings in segments
     )
+
+
+def describe_replay(summary: dict[str, Any]) -> str:
+    """One line of a :func:`replay_summary` with a budget: ``mix rate 0 (step 0) -> 0.1 (step 20) -> ...;
+    mean 0.12; general perplexity +14.0% over step 0 at the last check (step 200, 10 checks after step 0;
+    budget +20%: held)``, or ``not measured`` when no check ran after the baseline."""
+    steps = " -> ".join(f"{r:g} (step {s})" for s, r, _ in summary["trajectory"])
+    budget, base = f"budget +{summary['budget']:.0%}", summary["baseline_step"]
+    if summary["held"] is None:
+        line = (
+            f"not measured: no check ran after the baseline at step {base} ({budget}; "
+            f"data.forgetting_check_interval is longer than the steps that followed); mix rate {steps}"
+        )
+    else:
+        held = "held" if summary["held"] else "exceeded"
+        line = (
+            f"mix rate {steps}; mean {summary['mean_rate']:.3f}; general perplexity "
+            f"{summary['last_rise']:+.1%} over step {base} at the last check (step {summary['last_check']}, "
+            f"{summary['checks']} check(s) after step {base}; {budget}: {held})"
+        )
+    if "segments" in summary:
+        line += f"; replay settings by segment: {describe_segments(summary['segments'])}"
+    return line

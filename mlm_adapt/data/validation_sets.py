@@ -142,7 +142,8 @@ def warn_overlap(
 ) -> None:
     """Warns (rank 0, one line each) about the validation sets of ``raw`` (the loaded documents by split)
     that overlap the training data (``None`` files: a Hub dataset), the replayed general text included (a
-    general set that is also replayed cannot measure forgetting)."""
+    general set that is also replayed cannot measure forgetting), and about replayed general text that is
+    the training corpus (:func:`replay_overlap_messages`)."""
     given = {
         sets.key(name): (expand_files(files, sets.key(name)), raw[sets.splits[name]])
         for name, files in sets.files.items()
@@ -153,5 +154,29 @@ def warn_overlap(
     if mix_files and "mix" in raw:
         mix = expand_files(mix_files, "data.mix_files")
         messages += overlap_messages(raw["mix"], mix, given, "data.mix_files")
+        messages += replay_overlap_messages(raw["train"], train, raw["mix"], mix)
     for message in messages:
         rank_zero_warn(f"mlm_adapt: {message}")
+
+
+def replay_overlap_messages(
+    train: datasets.Dataset, train_files: Iterable[str], mix: datasets.Dataset, mix_files: Iterable[str]
+) -> list[str]:
+    """One line when the replayed ``data.mix_files`` share a file, or sampled documents, with the training
+    corpus: that replay trains on domain text as if it were general, and limits no forgetting."""
+    shared = sorted(str(f) for f in _resolved(mix_files) & _resolved(train_files))
+    if shared:
+        return [
+            f"data.mix_files: {', '.join(shared)} is also training data (data.train_files): replay would "
+            "train on domain text as 'general' and limit no forgetting; give general-domain text"
+        ]
+    wanted = _digests(mix.select(range(min(len(mix), VALIDATION_SAMPLE)))["text"])
+    if not wanted:
+        return []
+    found = len(wanted & _digests(train.select(range(min(len(train), TRAINING_SCAN)))["text"]))
+    if not found:
+        return []
+    return [
+        f"data.mix_files: {found} of {len(wanted)} sampled documents also occur in the training data "
+        "(data.train_files): that part of replay is domain text, not general; remove them from one side"
+    ]

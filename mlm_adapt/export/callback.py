@@ -22,7 +22,7 @@ from typing_extensions import override
 
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.data.progress import Progress
-from mlm_adapt.data.replay import replay_summary
+from mlm_adapt.data.replay import summary_from_checkpoint
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import ExportInfo, val_metrics_at
@@ -317,7 +317,7 @@ class HFExport(ExportOptions, L.Callback):
         tokenizer = getattr(datamodule, "tokenizer", None) or load_tokenizer(
             pl_module.hparams["model_name_or_path"], pl_module.hparams.get("new_tokens_file")
         )
-        replay = getattr(datamodule, "replay", None)  # what replay under a forgetting budget did
+        report = getattr(datamodule, "replay_report", None)  # what replay under a forgetting budget did
         info = ExportInfo(
             model_hparams=dict(pl_module.hparams),
             data_hparams=dict(getattr(datamodule, "hparams", {}) or {}),
@@ -330,7 +330,7 @@ class HFExport(ExportOptions, L.Callback):
             global_step=step,
             epoch=epoch,
             **self.card_fields(),
-            replay=replay.summary() if replay is not None else {},
+            replay=report() if report is not None else {},
         )
         progress = Progress("export", bars=trainer.progress_bar_callback is not None)
         diff = write_export(model, tokenizer, self._output, info, verify=self.verify, progress=progress)
@@ -396,7 +396,7 @@ def export_checkpoint(
         global_step=checkpoint.get("global_step"),
         epoch=checkpoint.get("epoch"),
         **options.card_fields(),
-        replay=replay_summary((checkpoint.get(MLMDataModule.__qualname__) or {}).get("replay")),
+        replay=summary_from_checkpoint(checkpoint.get(MLMDataModule.__qualname__), "--ckpt_path"),
     )
     diff = write_export(module.model, tokenizer, output, info, verify=options.verify, progress=progress)
     return ExportResult(info, diff, options.push(Path(output_dir), progress))

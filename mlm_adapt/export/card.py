@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
-from mlm_adapt.data.replay import parse_mix_rate
+from mlm_adapt.data.replay import parse_mix_rate, segment_columns
 from mlm_adapt.masking.collator import SCHEME_DESCRIPTIONS
 from mlm_adapt.masking.schedule import parse_schedule
 from mlm_adapt.model.metrics import before_after_names, validation_prefix
@@ -166,7 +166,7 @@ def _training_settings(info: ExportInfo) -> list[tuple[str, Any]]:
     ]
 
 
-def _replay_rows(data: dict[str, Any]) -> list[tuple[str, Any]]:
+def _replay_rows(data: dict[str, Any], replay: dict[str, Any]) -> list[tuple[str, Any]]:
     """The Corpus rows about general-text replay (``data.mix_files``), if the run replayed any."""
     if not data.get("mix_files"):
         return []
@@ -175,26 +175,59 @@ def _replay_rows(data: dict[str, Any]) -> list[tuple[str, Any]]:
         how = f" at mix rate {parse_mix_rate(data.get('mix_probability') or 0.0).describe()}"
     else:
         how = f", mix rate set by data.forgetting_budget={budget}"
+    if "segments" in replay:
+        how += " (the run's last segment: see Replay settings by segment)"
     return [("general text replayed", _fmt(data["mix_files"]) + how)]
 
 
-def _replay_lines(replay: dict[str, Any]) -> list[str]:
-    """The Forgetting budget section: every rate change with the check that caused it, and the outcome."""
-    if not replay:
-        return []
+def _budget_lines(replay: dict[str, Any]) -> list[str]:
+    """The Forgetting budget section: the verdict from the checks that ran (or 'not measured' when none ran
+    after the baseline), and every rate change with the check that caused it."""
+    budget, base, final = replay["budget"], replay["baseline_step"], replay["final_rate"]
+    lines = ["", "## Forgetting budget", ""]
+    if replay["held"] is None:
+        return lines + [
+            f"General-text replay was to keep the general validation perplexity within +{budget:.0%} of step "
+            f"{base}, but no check ran after the baseline at step {base} (data.forgetting_check_interval was "
+            "longer than the steps that followed): forgetting was not measured, and the budget is neither "
+            f"held nor exceeded. Mix rate {final:g}."
+        ]
     held = "held" if replay["held"] else "was exceeded"
-    lines = [
+    lines += [
+        f"General-text replay was steered to keep the general validation perplexity within +{budget:.0%} of "
+        f"step {base}; {replay['checks']} check(s) ran after step {base}, the last at step "
+        f"{replay['last_check']}, where it was {replay['last_rise']:+.1%}: the budget {held}. Mean mix rate "
+        f"{replay['mean_rate']:.3f}, final {final:g}.",
         "",
-        "## Forgetting budget",
-        "",
-        f"General-text replay was steered to keep the general validation perplexity within "
-        f"+{replay['budget']:.0%} of step 0; at the last check it was {replay['last_rise']:+.1%}: the budget "
-        f"{held}. Mean mix rate {replay['mean_rate']:.3f}, final {replay['final_rate']:g}.",
-        "",
-        "| step | general perplexity vs step 0 | mix rate from here |",
+        f"| step | general perplexity vs step {base} | mix rate from here |",
         "|---:|---:|---:|",
     ]
     return lines + [f"| {s} | {rise:+.1%} | {rate:g} |" for s, rate, rise in replay["trajectory"]]
+
+
+def _segment_lines(segments: list[list[Any]]) -> list[str]:
+    """The Replay settings by segment section: the budget (and every other replay setting that changed)
+    of each stretch of a run resumed with changed replay settings."""
+    names = segment_columns(segments)
+    lines = [
+        "",
+        "## Replay settings by segment",
+        "",
+        "The run was resumed with changed replay settings; each check is judged against the budget in force "
+        "when it ran.",
+        "",
+        "| from step | " + " | ".join(f"data.{n}" for n in names) + " |",
+        "|---:|" + "---|" * len(names),
+    ]
+    for first, settings in segments:
+        lines.append(f"| {first} | " + " | ".join(_fmt(settings.get(n)) for n in names) + " |")
+    return lines
+
+
+def _replay_lines(replay: dict[str, Any]) -> list[str]:
+    """The sections about what replay did: the forgetting budget's, and the settings of each segment."""
+    lines = _budget_lines(replay) if "budget" in replay else []
+    return lines + (_segment_lines(replay["segments"]) if "segments" in replay else [])
 
 
 def _validation_data(data: dict[str, Any]) -> str | None:
@@ -265,7 +298,7 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     files = data.get("train_files") or ([data["dataset_name"]] if data.get("dataset_name") else [])
     if data.get("prepared_dir"):  # the run read only the directory, whatever train_files said
         files = f"the prepared directory `{data['prepared_dir']}` (`python -m mlm_adapt prepare`)"
-    corpus = [("training data", files), *_replay_rows(data)]
+    corpus = [("training data", files), *_replay_rows(data, info.replay)]
     corpus += [("validation data", _validation_data(data))]
     corpus += [(k.replace("_", " "), v) for k, v in info.corpus_stats.items()]
     jieba = data.get("segmenter", "rjieba") in JIEBA_SEGMENTERS

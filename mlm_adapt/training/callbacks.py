@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from mlm_adapt.data.replay import describe_replay
+from mlm_adapt.data.replay import check_rise_limit, describe_replay
 from mlm_adapt.data.samplers import KeyedDataset
-from mlm_adapt.errors import MLMAdaptError, user_code
+from mlm_adapt.errors import user_code
 from mlm_adapt.model.metrics import before_after_metrics, metrics_table
 from mlm_adapt.training.resume import ExactResume
 from mlm_adapt.training.signals import StopOnSignal
@@ -134,10 +134,7 @@ class ForgettingWarning(L.Callback):
     """
 
     def __init__(self, threshold: float | None = None):
-        if threshold is not None and threshold <= 0:
-            raise MLMAdaptError(
-                f"data.forgetting_warning={threshold} must be > 0, e.g. 0.2 (+20% perplexity)"
-            )
+        check_rise_limit(threshold, "data.forgetting_warning")
         self.threshold = threshold
         self.warned: list[str] = []
 
@@ -222,24 +219,44 @@ class ForgettingBudget(L.Callback):
         perplexity = self.general_perplexity(trainer, pl_module)
         old, new = replay.update(step, perplexity)
         name = trainer.datamodule.validation_set_names[1]
+        base = replay.baseline_step
         if len(replay.checks) == 1:
+            since = "" if step == 0 else ", set on resume: rises are measured from this step"
             rank_zero_info(
                 f"mlm_adapt replay: step {step}: val_{name} check perplexity {perplexity:.4g} (the baseline "
-                f"of data.forgetting_budget={replay.budget}); mix rate {new:g}"
+                f"of data.forgetting_budget={replay.budget}{since}); mix rate {new:g}"
             )
         elif new != old:
             rank_zero_info(
                 f"mlm_adapt replay: step {step}: val_{name} check perplexity {perplexity:.4g}, "
-                f"{replay.rise(perplexity):+.1%} over step 0 (budget +{replay.budget:.0%}): "
+                f"{replay.rise(perplexity):+.1%} over step {base} (budget +{replay.budget:.0%}): "
                 f"mix rate {old:g} -> {new:g}"
+            )
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        replay = self._replay(trainer)
+        total = trainer.estimated_stepping_batches
+        if replay is None or not math.isfinite(total):
+            return
+        interval, step = self.interval(trainer), trainer.global_step
+        first = (step // interval + 1) * interval  # the first check after the baseline or the checkpoint
+        if first > total:
+            since = "after step 0" if step == 0 else f"after the resumed step {step}"
+            rank_zero_warn(
+                f"data.forgetting_check_interval={interval} leaves no forgetting check {since} in a run of "
+                f"{int(total)} optimizer steps (the first would be at step {first}): forgetting is not "
+                "measured, and the end of the run and the model card say so instead of a verdict; set "
+                f"data.forgetting_check_interval below {int(total) - step} (unset: a twentieth of the run)"
             )
 
     @override
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        # The baseline: before step 0, or before the first resumed step when the budget came on resume.
         replay = self._replay(trainer)
-        if replay is not None and replay.baseline is None and trainer.global_step == 0:
+        if replay is not None and replay.baseline is None:
             self._check(trainer, pl_module, replay)
 
     @override
@@ -256,10 +273,10 @@ class ForgettingBudget(L.Callback):
 
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        replay = self._replay(trainer)
-        if replay is None or not trainer.is_global_zero:
-            return
-        if summary := replay.summary():
+        # Whatever the last segment's budget: the checks of a budget dropped on resume are reported too.
+        report = getattr(trainer.datamodule, "replay_report", None)
+        summary = report() if report is not None else {}
+        if "budget" in summary and trainer.is_global_zero:
             print(f"forgetting budget: {describe_replay(summary)}")
 
 

@@ -238,7 +238,7 @@ def test_budget_checks_log_rates_and_keep_state_in_the_datamodule(
     [
         ({"forgetting_budget": 0.2}, "needs general text to replay"),
         ({"forgetting_budget": 0.2, "mix_files": ["g.txt"]}, "general validation set"),
-        ({"forgetting_budget": 0.0, "mix_files": ["g.txt"]}, "data.forgetting_budget=0.0 must be > 0"),
+        ({"forgetting_budget": 0.0, "mix_files": ["g.txt"]}, "data.forgetting_budget=0.0 must be a finite"),
         ({"mix_probability": 0.2}, "needs data.mix_files"),
         ({"mix_probability": [[0.0, 0.1], [1.0, 0.3]], "forgetting_budget": 0.2, "mix_files": ["g.txt"],
           "validation_files": {"d": None, "g": ["g.txt"]}}, "the starting rate, one number"),

@@ -67,7 +67,8 @@ def test_the_card_states_replay_as_configured_and_the_budgets_trajectory():
     )
     card = str(render_model_card(info, title="demo"))
     assert _rows(card)["general text replayed"].endswith("mix rate set by data.forgetting_budget=0.2")
-    assert "## Forgetting budget" in card and "at the last check it was +18.0%: the budget held" in card
+    assert "## Forgetting budget" in card
+    assert "3 check(s) ran after step 0, the last at step 30, where it was +18.0%: the budget held" in card
     table = [line for line in card.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert table == [f"| {c.step} | {c.perplexity / 100 - 1:+.1%} | {c.rate:g} |" for c in replay.checks]
 
