@@ -26,3 +26,11 @@ else
         || .venv/bin/pip install -qq "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu
 fi
 .venv/bin/pip install -qq -e ".[dev]"
+# The trainer commands' --help, built once here: LightningCLI needs the whole training stack to build their
+# parser, and they then answer from mlm_adapt/cli/help_cache.py at once. Formatted for this terminal's width
+# (the cache key holds it; another width builds its own the first time).
+columns=$({ stty size </dev/tty; } 2>/dev/null | cut -d' ' -f2 || true)
+for command in fit validate test; do
+    COLUMNS=${columns:-${COLUMNS:-80}} .venv/bin/python -m mlm_adapt "$command" --help >/dev/null &
+done
+wait
