@@ -14,7 +14,7 @@ _EXPORTS = {
     "MLMAdaptError": "mlm_adapt.errors",
     "MLMDataModule": "mlm_adapt.data",
     "MaskedLMModule": "mlm_adapt.model",
-    "Segmenter": "mlm_adapt.text.segmentation",
+    "JiebaSegmenter": "mlm_adapt.text.segmentation",
     "WholeWordMaskCollator": "mlm_adapt.masking",
 }
 __all__ = sorted(_EXPORTS)

@@ -325,7 +325,7 @@ def recipe_rows(model_dir: Path, root: Path, dry_run: bool) -> list[list[str]]:
             "--model.max_seq_length=128",
             f"--data.train_files=[{corpus}]",
             "--data.validation_files=null",
-            "--data.forgetting_warning=null",
+            "--forgetting.warning=null",
             "--data.batch_size=8",
             "--data.num_workers=0",
             "--data.preprocessing_num_workers=1",

@@ -3,15 +3,18 @@
 torch, transformers and the model's loading are imported when the command runs: ``--help`` and a refused
 option answer at once."""
 
+import os
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+import yaml
 from jsonargparse import auto_cli
 
 from mlm_adapt.errors import MLMAdaptError, check_checkpoint_path, check_model_path
+from mlm_adapt.guard.yaml_limits import check_yaml_expansion
 
 # Annotations only, quoted: jsonargparse evaluates postponed annotations (and so runs a TYPE_CHECKING block)
 # of the module whose function it reads, which would import them with --help.
@@ -19,7 +22,10 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-MODES = {"none": "[MASK] attended", "zero": "[MASK] not attended"}
+# The values of ``model.mask_attention`` (fit), with the column label each prints under.
+MODES = {"attend": "[MASK] attended", "exclude": "[MASK] not attended"}
+# What --mask_attention took before it shared fit's vocabulary: refused with the name that replaced it.
+RENAMED_MODES = {"none": "attend", "zero": "exclude"}
 
 
 @dataclass
@@ -74,10 +80,10 @@ def predict(
     tokenizer: "PreTrainedTokenizerBase",
     text: str,
     top_k: int = 5,
-    mask_attention: Literal["none", "zero"] = "none",
+    mask_attention: Literal["attend", "exclude"] = "attend",
 ) -> tuple[list[MaskPrediction], list[WordFilling]]:
     """Top-k tokens per mask of ``text``, and for each run of consecutive masks its best filling (special
-    tokens excluded); with ``mask_attention="zero"``, unfilled masks get ``attention_mask`` 0.
+    tokens excluded); with ``mask_attention="exclude"``, unfilled masks get ``attention_mask`` 0.
 
     A run is filled greedily (as mask-predict decoding does): its most confident mask is fixed first, the
     model rerun with it filled in, and so on; the filling's probability is the product of those chosen.
@@ -85,6 +91,9 @@ def predict(
     from mlm_adapt.model.loading import position_limit  # noqa: PLC0415 - loaded with the model
     from mlm_adapt.text.tokenizer import join_pieces, piece_text  # noqa: PLC0415
 
+    check_mode(mask_attention)
+    if mask_attention not in MODES:
+        raise ValueError(f"mask_attention={mask_attention!r}: use one of {', '.join(MODES)}")
     # verbose=False: the length is checked here, against what the model can index, in one line.
     encoded = tokenizer(text, return_tensors="pt", verbose=False)
     input_ids = encoded["input_ids"][0].to(next(model.parameters()).device)
@@ -100,7 +109,7 @@ def predict(
             f"TEXT has no {tokenizer.mask_token}; write e.g. 北京{tokenizer.mask_token * 2}你！"
         )
     banned = sorted(set(tokenizer.all_special_ids))
-    hidden = tokenizer.mask_token_id if mask_attention == "zero" else None
+    hidden = tokenizer.mask_token_id if mask_attention == "exclude" else None
     probs = _probs(model, input_ids, banned, hidden)
     predictions = []
     for pos in positions:
@@ -151,7 +160,7 @@ def render(
     text: str, results: dict[str, tuple[list[MaskPrediction], list[WordFilling]]], column: int = 26
 ) -> str:
     """Plain-text report: one block per mask (rank, token, probability), then the whole-word fillings; the
-    modes (``none``, ``zero``) side by side."""
+    modes (``attend``, ``exclude``) side by side."""
     modes = list(results)
 
     def row(label: str, cells: Iterable[str]) -> str:
@@ -173,7 +182,7 @@ def render(
 
 
 def fill_mask(
-    text: str, *, model: str, top_k: int = 5, mask_attention: Literal["none", "zero"] = "none"
+    text: str, *, model: str, top_k: int = 5, mask_attention: Literal["attend", "exclude"] = "attend"
 ) -> None:
     """Prints the top-k tokens per [MASK] and the best whole-word filling of each run of consecutive masks.
 
@@ -182,8 +191,8 @@ def fill_mask(
         model: Exported Hugging Face directory (or Hub name), or a Lightning checkpoint (.ckpt file or FSDP
             sharded directory) of a fit run.
         top_k: Candidates shown per mask.
-        mask_attention: "zero": also run with the [MASK] positions excluded from attention (attention_mask 0)
-            and print both side by side.
+        mask_attention: "exclude": also run with the [MASK] positions excluded from attention
+            (attention_mask 0) and print both side by side; the values of fit's model.mask_attention.
     """
     if top_k < 1:
         raise MLMAdaptError(f"--top_k={top_k} must be at least 1")
@@ -195,12 +204,46 @@ def fill_mask(
 
     transformers.logging.disable_progress_bar()
     lm, tokenizer = load_for_inference(model)
-    modes = ["none", "zero"] if mask_attention == "zero" else ["none"]
+    modes = ["attend", "exclude"] if mask_attention == "exclude" else ["attend"]
     results = {mode: predict(lm, tokenizer, text, top_k, mode) for mode in modes}
     print(f"model: {model}")
     print(render(text, results))
 
 
+def check_mode(value: object) -> None:
+    """Refuses a ``--mask_attention`` value of the old vocabulary (``none``, ``zero``), naming its new one."""
+    if isinstance(value, str) and value in RENAMED_MODES:
+        raise MLMAdaptError(f"--mask_attention: {value!r} is now {RENAMED_MODES[value]!r}")
+
+
+def given_modes(args: list[str]) -> Iterator[object]:
+    """The ``--mask_attention`` values of the command line and of its ``--config`` files (or inline YAML):
+    read before the parser, whose own refusal of an old value would not name the new one."""
+    for i, arg in enumerate(args):
+        name, equals, value = arg.partition("=")
+        if name not in ("--mask_attention", "--config"):
+            continue
+        if not equals:
+            if i + 1 >= len(args):
+                continue  # no value: the parser says so
+            value = args[i + 1]
+        if name == "--mask_attention":
+            yield value
+            continue
+        try:
+            if os.path.isfile(value):
+                with open(value, encoding="utf-8") as file:
+                    value = file.read()
+            check_yaml_expansion(value)
+            config = yaml.safe_load(value)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # the parser reports the file
+        if isinstance(config, dict) and "mask_attention" in config:
+            yield config["mask_attention"]
+
+
 def fill_mask_main(args: list[str]) -> None:
     """``python -m mlm_adapt fill-mask``."""
+    for value in given_modes(args):
+        check_mode(value)
     auto_cli(fill_mask, args=args, prog="python -m mlm_adapt fill-mask", exit_on_error=False)

@@ -18,6 +18,7 @@ from typing_extensions import override
 
 from mlm_adapt.cli.usage import ABOUT
 from mlm_adapt.data import MLMDataModule
+from mlm_adapt.data.forgetting import ForgettingOptions, renamed_key_line
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
@@ -47,7 +48,11 @@ _NOT_A_SEGMENTER = re.compile(r"Import path (?:(\S+) )?does not implement protoc
 
 def option_error_line(message: str) -> str | None:
     """One line for jsonargparse's union report on ``data.segmenter``/``data.opencc`` (else ``None``): which
-    value, why, and what is accepted, instead of the usage and a dozen lines about every union member."""
+    value, why, and what is accepted, instead of the usage and a dozen lines about every union member; and
+    for an old ``data.forgetting_*`` key, the ``forgetting.*`` key that replaced it."""
+    renamed = renamed_key_line(message)
+    if renamed is not None:
+        return renamed
     given = _GIVEN.search(message)
     value = given.group(1).strip() if given else "?"
     if 'Parser key "data.segmenter"' in message:
@@ -135,6 +140,9 @@ class MLMAdaptCLI(LightningCLI):
         parser.link_arguments("model.new_tokens_file", "data.new_tokens_file")
         # Always present (``export:`` in YAML, ``--export.*`` flags); ``export.enabled: false`` turns it off.
         parser.add_lightning_class_args(HFExport, "export")
+        # ``forgetting:`` in YAML (``--forgetting.*``): the data module holds it, the callbacks read it there.
+        parser.add_class_arguments(ForgettingOptions, "forgetting")
+        parser.link_arguments("forgetting", "data.forgetting")
         # ``downstream:`` in YAML: labelled tasks scored at step 0 and every validation (none by default).
         parser.add_lightning_class_args(DownstreamEvaluation, "downstream")
 

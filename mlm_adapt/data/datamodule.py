@@ -16,6 +16,7 @@ from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
 from mlm_adapt.data.corpus_statistics import corpus_stats, describe_stats, split_counts
+from mlm_adapt.data.forgetting import ForgettingOptions, as_forgetting
 from mlm_adapt.data.loader_state import WorkerCountFreeLoader
 from mlm_adapt.data.prepared import load_prepared
 from mlm_adapt.data.preprocess import BLOCK_FEATURES, AnyDataset, drop_empty, to_blocks
@@ -23,7 +24,6 @@ from mlm_adapt.data.replay import (
     IDLE_REPLAY,
     Replay,
     check_replay_state,
-    check_rise_limit,
     check_segments,
     parse_mix_rate,
     replay_settings,
@@ -61,9 +61,12 @@ def _check_at_least(hp: Any, least: dict[str, int]) -> None:
             raise MLMAdaptError(f"data.{key}={hp[key]} must be at least {bound}")
 
 
-def check_arguments(hp: Any) -> tuple[MaskingSchedule, MaskingSchedule, ValidationSets]:
+def check_arguments(
+    hp: Any, forgetting: ForgettingOptions
+) -> tuple[MaskingSchedule, MaskingSchedule, ValidationSets]:
     """Refuses, in one line naming the key, what torch or datasets would reject only after preprocessing
-    (or never), before any data is read; returns the masking and mix-rate schedules and the sets."""
+    (or never), before any data is read; returns the masking and mix-rate schedules and the sets. The
+    ``forgetting`` options come checked (:class:`ForgettingOptions`): here only what they need of the data."""
     schedule = parse_schedule(hp.mlm_probability)
     eval_rate = hp.eval_mlm_probability
     if isinstance(eval_rate, bool) or not isinstance(eval_rate, int | float) or not 0.0 < eval_rate < 1.0:
@@ -107,28 +110,24 @@ def check_arguments(hp: Any) -> tuple[MaskingSchedule, MaskingSchedule, Validati
         raise MLMAdaptError(
             "data.mix_files: replay is not available with data.streaming; mix the files beforehand"
         )
-    check_rise_limit(hp.forgetting_warning, "data.forgetting_warning")
     sets = ValidationSets(hp.validation_files)
     if not 0.0 < hp.max_mix_rate < 1.0:
         raise MLMAdaptError(f"data.max_mix_rate={hp.max_mix_rate} must be in (0, 1), e.g. 0.5")
-    _check_at_least(hp, {"forgetting_check_interval": 1, "forgetting_check_batches": 1})
-    budget = hp.forgetting_budget
-    if budget is None:
+    if forgetting.budget is None:
         return schedule, mix, sets
-    check_rise_limit(budget, "data.forgetting_budget")
     # A forgetting budget the run could not hold: no general text, no general set.
     if not hp.mix_files:
         raise MLMAdaptError(
-            "data.forgetting_budget needs general text to replay: set data.mix_files (general-domain files)"
+            "forgetting.budget needs general text to replay: set data.mix_files (general-domain files)"
         )
     if len(sets.names) < 2:
         raise MLMAdaptError(
-            "data.forgetting_budget needs a general validation set to measure forgetting on: give "
+            "forgetting.budget needs a general validation set to measure forgetting on: give "
             "data.validation_files as a mapping, e.g. {domain: null, general: [general_val.txt]}"
         )
     if not mix.constant:
         raise MLMAdaptError(
-            "data.mix_probability: with data.forgetting_budget it is the starting rate, one number (e.g. 0.1)"
+            "data.mix_probability: with forgetting.budget it is the starting rate, one number (e.g. 0.1)"
         )
     if mix.initial_rate > hp.max_mix_rate:
         raise MLMAdaptError(
@@ -176,15 +175,9 @@ class MLMDataModule(L.LightningDataModule):
             always use whole-word masks, so metrics compare across schemes.
         mix_files: General-domain text replayed during training to limit forgetting (blocks of its own).
         mix_probability: The mix rate: the fraction of training examples drawn from ``mix_files`` (0: none),
-            or ``[fraction_of_training, rate]`` points; with ``forgetting_budget`` the starting rate.
+            or ``[fraction_of_training, rate]`` points; with ``forgetting.budget`` the starting rate.
             Logged as ``train/mix_rate``; see docs/training.md.
-        forgetting_budget: Hold forgetting to this relative rise of the general validation set's
-            perplexity over step 0 (``0.2``: +20%) by moving the mix rate. Needs ``mix_files`` and a
-            general validation set (the second of ``validation_files`` as a mapping).
         max_mix_rate: The highest mix rate the forgetting budget may set.
-        forgetting_check_interval: Optimizer steps between forgetting checks (default: a twentieth of the
-            run); a check is a perplexity over ``forgetting_check_batches`` batches of the general set.
-        forgetting_check_batches: Batches (of ``eval_batch_size``) per forgetting check.
         new_tokens_file: Tokens added to the tokenizer (one per line); linked from ``model.new_tokens_file``.
         pad_to_multiple_of: Pad batches to a multiple of this length.
         group_by_length: With ``packing: false``, batch lines of similar length together (mega-batches of
@@ -200,8 +193,8 @@ class MLMDataModule(L.LightningDataModule):
         shuffle_buffer_size: Streaming only: documents in the shuffle buffer (file order is shuffled too).
         streaming_validation_documents: Streaming without ``validation_files``: how many held-out
             documents (a ``validation_split`` fraction, chosen by a hash of the text) form the validation set.
-        forgetting_warning: Warn (once per set) when a validation set but the first ends a validation with a
-            perplexity this fraction above its step-0 value (e.g. ``0.2``).
+        forgetting: The forgetting warning, budget and checks (:class:`ForgettingOptions`); in a fit
+            config the ``forgetting:`` group (``--forgetting.*``), linked here.
         prepared_dir: Written by ``python -m mlm_adapt prepare``: its blocks are memory-mapped, no raw file
             is read. Settings differing from its manifest are refused.
     """
@@ -230,10 +223,7 @@ class MLMDataModule(L.LightningDataModule):
         masking: MaskingScheme = "whole_word",
         mix_files: list[str] | None = None,
         mix_probability: RateSpec = 0.0,
-        forgetting_budget: float | None = None,
         max_mix_rate: float = 0.5,
-        forgetting_check_interval: int | None = None,
-        forgetting_check_batches: int = 4,
         new_tokens_file: str | None = None,
         pad_to_multiple_of: int = 8,
         group_by_length: bool = True,
@@ -246,12 +236,17 @@ class MLMDataModule(L.LightningDataModule):
         streaming: bool = False,
         shuffle_buffer_size: int = 10_000,
         streaming_validation_documents: int = 2_000,
-        forgetting_warning: float | None = None,
+        forgetting: ForgettingOptions | None = None,
         prepared_dir: str | None = None,
     ):
         super().__init__()
         self.save_hyperparameters()
-        self.masking_schedule, self.mix_schedule, self.validation_sets = check_arguments(self.hparams)
+        self.forgetting = as_forgetting(forgetting)
+        # Plain values for checkpoints, and for the loggers' hparams.yaml (Lightning logs the initial ones).
+        self.hparams["forgetting"] = self._hparams_initial["forgetting"] = self.forgetting.plain()
+        self.masking_schedule, self.mix_schedule, self.validation_sets = check_arguments(
+            self.hparams, self.forgetting
+        )
         # Names of the validation sets, the primary one (logged as ``val/*``) first.
         self.validation_set_names = self.validation_sets.names
         self.segmenter = Segmentation(segmenter, hmm, user_dict, opencc, built_from=self.hparams.segmenter)
@@ -264,7 +259,7 @@ class MLMDataModule(L.LightningDataModule):
         self.replay: Replay | None = None  # general blocks and the mix rate, with data.mix_files
         self._replay_state: dict | None = None  # a checkpoint's, until setup builds ``replay``
         # ``[first_step, replay settings]`` of each stretch of the run (a resume may change them).
-        self.replay_segments: list[list[Any]] = [[0, replay_settings(self.hparams)]]
+        self.replay_segments: list[list[Any]] = [[0, replay_settings(self.hparams, self.forgetting)]]
         self.corpus_stats: dict[str, int] = {}
 
     @cached_property
@@ -460,10 +455,11 @@ class MLMDataModule(L.LightningDataModule):
         self.test_dataset = blocks.get("test", self.val_dataset)
         if "mix" in blocks:
             hp = self.hparams
-            if max(rate for _, rate in self.mix_schedule.points) == 0 and hp.forgetting_budget is None:
+            budget = self.forgetting.budget
+            if max(rate for _, rate in self.mix_schedule.points) == 0 and budget is None:
                 rank_zero_warn(IDLE_REPLAY)
             self.replay = Replay(
-                KeyedDataset(blocks["mix"]).blocks, self.mix_schedule, hp.forgetting_budget, hp.max_mix_rate
+                KeyedDataset(blocks["mix"]).blocks, self.mix_schedule, budget, hp.max_mix_rate
             )
             if self._replay_state is not None:
                 self.replay.load_state_dict(self._replay_state)
@@ -554,7 +550,7 @@ class MLMDataModule(L.LightningDataModule):
 
     def _resumed_segments(self, segments: list[list[Any]], step: int, replay_state: Any) -> list[list[Any]]:
         """``segments`` with one more from ``step`` when this run's replay settings differ from the last."""
-        current = replay_settings(self.hparams)
+        current = replay_settings(self.hparams, self.forgetting)
         line = resume_line(step, segments[-1][1], current, bool((replay_state or {}).get("checks")))
         if line is None or (self.trainer is not None and self.trainer.state.fn != "fit"):
             return segments  # validate/test read the weights only: no segment of training

@@ -8,7 +8,7 @@ process right before the step (``MLMDataModule.on_before_batch_transfer``), not 
 workers, which run batches ahead: the rate of step ``s`` is the rate after every check up to ``s``.
 
 The rate is fixed (``data.mix_probability``) or moved by :meth:`Replay.update` after each forgetting check
-(``data.forgetting_budget``): ``rate <- clip(rate + GAIN * (rise - TARGET * budget) / budget, 0, max_rate)``,
+(``forgetting.budget``): ``rate <- clip(rate + GAIN * (rise - TARGET * budget) / budget, 0, max_rate)``,
 each change at most ``MAX_CHANGE``, the integral controller of docs/training.md.
 """
 
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mlm_adapt.data.forgetting import ForgettingOptions
 from mlm_adapt.data.samplers import keyed_item
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking.collator import key_array, mix32
@@ -44,20 +45,23 @@ MAX_CHANGE = 0.2
 # The replay settings a resumed run may change: the resume says so in one line (old -> new) and the card
 # records every segment. Unlike the settings a checkpoint fixes (mlm_adapt.training.resume.FIXED_SETTINGS),
 # nothing restored depends on them: the controller continues from the checkpoint's rate and baseline.
-REPLAY_SETTINGS = (
-    "forgetting_budget",
-    "mix_probability",
-    "max_mix_rate",
-    "mix_files",
-    "forgetting_check_interval",
-    "forgetting_check_batches",
-)
+# Each by the name a checkpoint's segments record it under -> the option it comes from (the forgetting ones
+# were data options when these names were chosen; checkpoints of every version keep them).
+SETTING_OPTIONS = {
+    "forgetting_budget": "forgetting.budget",
+    "mix_probability": "data.mix_probability",
+    "max_mix_rate": "data.max_mix_rate",
+    "mix_files": "data.mix_files",
+    "forgetting_check_interval": "forgetting.check_interval",
+    "forgetting_check_batches": "forgetting.check_batches",
+}
+REPLAY_SETTINGS = tuple(SETTING_OPTIONS)
 
 # General text read for nothing: a warning when the blocks are set up.
 IDLE_REPLAY = (
     "mlm_adapt: data.mix_files is read, segmented and packed, but nothing of it is replayed: "
-    "data.mix_probability is 0 and data.forgetting_budget is unset; set one of them (e.g. "
-    "data.mix_probability: 0.1 or data.forgetting_budget: 0.2), or drop data.mix_files"
+    "data.mix_probability is 0 and forgetting.budget is unset; set one of them (e.g. "
+    "data.mix_probability: 0.1 or forgetting.budget: 0.2), or drop data.mix_files"
 )
 
 # What padding holds in each per-token column of a collated batch.
@@ -68,14 +72,6 @@ def parse_mix_rate(value: RateSpec) -> MaskingSchedule:
     """``data.mix_probability``: a rate in [0, 1) or ``[[fraction_of_training, rate], ...]`` points."""
     example = "e.g. 0.2 or [[0.0, 0.1], [1.0, 0.3]]"
     return parse_schedule(value, "data.mix_probability", zero_allowed=True, example=example)
-
-
-def check_rise_limit(value: float | None, key: str) -> None:
-    """``data.forgetting_budget`` and ``data.forgetting_warning``: ``None`` or a finite relative rise > 0
-    (``NaN`` would compare false with every rise, so the budget or warning could never act)."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if value is not None and (not number or not 0 < value < math.inf):
-        raise MLMAdaptError(f"{key}={value} must be a finite number > 0, e.g. 0.2 (+20% perplexity)")
 
 
 def replayed_slots(keys: torch.Tensor, rate: float, n_general: int) -> tuple[np.ndarray, np.ndarray]:
@@ -131,7 +127,7 @@ class Check:
 
 @dataclass
 class Replay:
-    """The mix rate of every step (``data.mix_probability``; with ``data.forgetting_budget``, the starting
+    """The mix rate of every step (``data.mix_probability``; with ``forgetting.budget``, the starting
     rate, moved up to ``data.max_mix_rate``), the draw of ``general`` blocks and the controller's state."""
 
     general: datasets.Dataset
@@ -181,7 +177,7 @@ class Replay:
         if not math.isfinite(perplexity):
             if self.baseline is None:
                 raise MLMAdaptError(
-                    f"data.forgetting_budget: the general set's perplexity at the baseline check (step "
+                    f"forgetting.budget: the general set's perplexity at the baseline check (step "
                     f"{step}) is {perplexity}: the weights or the general validation text give no finite loss"
                 )
             perplexity = math.inf  # diverged weights: the most forgetting there is (the rate goes up)
@@ -310,15 +306,22 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def replay_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
-    """The run's :data:`REPLAY_SETTINGS`, as plain values: what a segment of the run replayed under."""
-    return {name: _plain(hparams.get(name)) for name in REPLAY_SETTINGS}
+def replay_settings(hparams: Mapping[str, Any], forgetting: ForgettingOptions) -> dict[str, Any]:
+    """The run's :data:`REPLAY_SETTINGS` (from the data module's ``hparams`` and its ``forgetting``
+    options), as plain values: what a segment of the run replayed under."""
+    values = {
+        **{name: hparams.get(name) for name in ("mix_probability", "max_mix_rate", "mix_files")},
+        "forgetting_budget": forgetting.budget,
+        "forgetting_check_interval": forgetting.check_interval,
+        "forgetting_check_batches": forgetting.check_batches,
+    }
+    return {name: _plain(values[name]) for name in REPLAY_SETTINGS}
 
 
 def setting_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """``data.KEY OLD -> NEW`` for every replay setting that differs between two segments."""
+    """``OPTION OLD -> NEW`` for every replay setting that differs between two segments."""
     return [
-        f"data.{name} {old.get(name)!r} -> {new.get(name)!r}"
+        f"{SETTING_OPTIONS[name]} {old.get(name)!r} -> {new.get(name)!r}"
         for name in REPLAY_SETTINGS
         if _plain(old.get(name)) != _plain(new.get(name))
     ]
@@ -460,11 +463,11 @@ def summary_from_checkpoint(state: Any, key: str) -> dict[str, Any]:
 
 
 def describe_segments(segments: Sequence[Sequence[Any]]) -> str:
-    """``from step 0: data.forgetting_budget=0.2; from step 40: data.forgetting_budget=0.1, ...``: every
-    segment's budget and the other replay settings that differ between segments."""
+    """``from step 0: forgetting.budget=0.2; from step 40: forgetting.budget=0.1, ...``: every segment's
+    budget and the other replay settings that differ between segments."""
     names = segment_columns(segments)
     return "; ".join(
-        f"from step {first}: " + ", ".join(f"data.{n}={settings.get(n)!r}" for n in names)
+        f"from step {first}: " + ", ".join(f"{SETTING_OPTIONS[n]}={settings.get(n)!r}" for n in names)
         for first, settings in segments
     )
 
@@ -478,7 +481,7 @@ def describe_replay(summary: dict[str, Any]) -> str:
     if summary["held"] is None:
         line = (
             f"not measured: no check ran after the baseline at step {base} ({budget}; "
-            f"data.forgetting_check_interval is longer than the steps that followed); mix rate {steps}"
+            f"forgetting.check_interval is longer than the steps that followed); mix rate {steps}"
         )
     else:
         held = "held" if summary["held"] else "exceeded"

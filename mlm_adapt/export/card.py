@@ -9,7 +9,8 @@ from typing import Any
 import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
-from mlm_adapt.data.replay import parse_mix_rate, segment_columns
+from mlm_adapt.data.forgetting import forgetting_of
+from mlm_adapt.data.replay import SETTING_OPTIONS, parse_mix_rate, segment_columns
 from mlm_adapt.masking.collator import SCHEME_DESCRIPTIONS
 from mlm_adapt.masking.schedule import parse_schedule
 from mlm_adapt.model.metrics import before_after_names, validation_prefix
@@ -30,7 +31,7 @@ class ExportInfo:
     ``baseline_metrics`` the validation metrics of the unadapted model (step 0), ``final_metrics`` those of
     the exported weights (at ``final_metrics_step``); ``config_yaml`` LightningCLI's resolved config;
     ``source`` which weights were exported (e.g. ``best checkpoint by val/loss: PATH``); ``repo_id`` the
-    Hub repository of the usage example; ``replay`` what replay under ``data.forgetting_budget`` did
+    Hub repository of the usage example; ``replay`` what replay under ``forgetting.budget`` did
     (:func:`~mlm_adapt.data.replay.replay_summary`); ``tags`` the Hub tags given (``None``: :func:`run_tags`);
     ``model_type`` and ``mask_token`` those of the exported model and tokenizer (the family's tag, the
     usage example's mask).
@@ -170,11 +171,11 @@ def _replay_rows(data: dict[str, Any], replay: dict[str, Any]) -> list[tuple[str
     """The Corpus rows about general-text replay (``data.mix_files``), if the run replayed any."""
     if not data.get("mix_files"):
         return []
-    budget = data.get("forgetting_budget")
+    budget = forgetting_of(data).budget  # checkpoints of every version: the group, or the old flat keys
     if budget is None:
         how = f" at mix rate {parse_mix_rate(data.get('mix_probability') or 0.0).describe()}"
     else:
-        how = f", mix rate set by data.forgetting_budget={budget}"
+        how = f", mix rate set by forgetting.budget={budget}"
     if "segments" in replay:
         how += " (the run's last segment: see Replay settings by segment)"
     return [("general text replayed", _fmt(data["mix_files"]) + how)]
@@ -188,7 +189,7 @@ def _budget_lines(replay: dict[str, Any]) -> list[str]:
     if replay["held"] is None:
         return lines + [
             f"General-text replay was to keep the general validation perplexity within +{budget:.0%} of step "
-            f"{base}, but no check ran after the baseline at step {base} (data.forgetting_check_interval was "
+            f"{base}, but no check ran after the baseline at step {base} (forgetting.check_interval was "
             "longer than the steps that followed): forgetting was not measured, and the budget is neither "
             f"held nor exceeded. Mix rate {final:g}."
         ]
@@ -216,7 +217,7 @@ def _segment_lines(segments: list[list[Any]]) -> list[str]:
         "The run was resumed with changed replay settings; each check is judged against the budget in force "
         "when it ran.",
         "",
-        "| from step | " + " | ".join(f"data.{n}" for n in names) + " |",
+        "| from step | " + " | ".join(SETTING_OPTIONS[n] for n in names) + " |",
         "|---:|" + "---|" * len(names),
     ]
     for first, settings in segments:

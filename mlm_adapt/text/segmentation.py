@@ -127,7 +127,7 @@ def read_user_dict(path: str | Path) -> list[tuple[str, int | None, str | None]]
     return entries
 
 
-class Segmenter:
+class JiebaSegmenter:
     """Splits text into words with jieba's dictionary (precise mode).
 
     Args:
@@ -182,7 +182,16 @@ class Segmenter:
         return [cut(text, hmm) for text in texts]
 
     def __repr__(self) -> str:
-        return f"Segmenter(backend={self.backend!r}, hmm={self.hmm}, user_dict={self.user_dict!r})"
+        return f"JiebaSegmenter(backend={self.backend!r}, hmm={self.hmm}, user_dict={self.user_dict!r})"
+
+
+# The name the class is stored under, the one it had before: its pickle names it (hashed into the blocks
+# cache's key, data/preprocess.py settings_fingerprint; unpickled by streamed corpora's workers), and so does
+# an instance's recorded class_path (_describe: hyperparameters, checkpoints, the resume check). Both read
+# ``__qualname__``, so caches and checkpoints written before stay valid, and the recorded path imports.
+# Code and the package's exports use JiebaSegmenter.
+JiebaSegmenter.__qualname__ = "Segmenter"
+Segmenter = JiebaSegmenter
 
 
 class _LazyModel:
@@ -431,7 +440,7 @@ class Segmentation:
 
     def _build(self) -> Any:
         if self.name in JIEBA_BACKENDS:
-            return Segmenter(self.name, hmm=self.hmm, user_dict=self.user_dict)
+            return JiebaSegmenter(self.name, hmm=self.hmm, user_dict=self.user_dict)
         if isinstance(self.spec, str):
             if self.spec not in BUILTIN_CLASSES:
                 raise MLMAdaptError(

@@ -31,7 +31,7 @@ from transformers import PreTrainedTokenizerBase
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.loads import pretrained_tokenizer
 from mlm_adapt.guard.outputs import Output, write_text
-from mlm_adapt.text.segmentation import Segmenter, WordSegmenter
+from mlm_adapt.text.segmentation import JiebaSegmenter, WordSegmenter
 
 METASPACE = "▁"
 _BYTE_FALLBACK = re.compile(r"<0x[0-9A-Fa-f]{2}>")
@@ -247,10 +247,10 @@ def candidate_terms(
     dictionary already in use) count as known.
     """
     texts = list(texts)
-    hmm_words = Segmenter("rjieba", hmm=True, user_dict=user_dict).segment(texts)
+    hmm_words = JiebaSegmenter("rjieba", hmm=True, user_dict=user_dict).segment(texts)
     counts = Counter(w for words in hmm_words for w in words if len(w) > 1 and _is_cjk(w))
     counts = Counter({w: c for w, c in counts.items() if c >= min_count})
-    segmenter = segmenter or Segmenter("rjieba", user_dict=user_dict)
+    segmenter = segmenter or JiebaSegmenter("rjieba", user_dict=user_dict)
     kept_whole = Counter(w for words in segmenter.segment(texts) for w in words if w in counts)
     counts = Counter({w: c for w, c in counts.items() if 2 * kept_whole[w] < c})
     corpus = "\n".join(texts)

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from mlm_adapt.data.replay import check_rise_limit, describe_replay
+from mlm_adapt.data.forgetting import ForgettingOptions
+from mlm_adapt.data.replay import describe_replay
 from mlm_adapt.data.samplers import KeyedDataset
 from mlm_adapt.errors import user_code
 from mlm_adapt.model.metrics import before_after_metrics, metrics_table
@@ -122,6 +123,13 @@ def forgotten_sets(
     return rising
 
 
+def forgetting_options(trainer: L.Trainer) -> ForgettingOptions:
+    """The ``forgetting.*`` options of the trainer's data module (the defaults, none set, without one: a
+    data module of the user's own)."""
+    options = getattr(getattr(trainer, "datamodule", None), "forgetting", None)
+    return options if isinstance(options, ForgettingOptions) else ForgettingOptions()
+
+
 class ForgettingWarning(L.Callback):
     """Warns once per validation set when its perplexity rises by more than a fraction of its step-0 value.
 
@@ -130,19 +138,17 @@ class ForgettingWarning(L.Callback):
 
     Args:
         threshold: Allowed relative rise (``0.2``: warn above +20%); ``None`` takes
-            ``data.forgetting_warning`` of the datamodule, and no warning is given when that is unset too.
+            ``forgetting.warning`` of the datamodule, and no warning is given when that is unset too.
     """
 
     def __init__(self, threshold: float | None = None):
-        check_rise_limit(threshold, "data.forgetting_warning")
-        self.threshold = threshold
+        self.threshold = ForgettingOptions(warning=threshold).check().warning  # as forgetting.warning is
         self.warned: list[str] = []
 
     def _threshold(self, trainer: L.Trainer) -> float | None:
         if self.threshold is not None:
             return self.threshold
-        hparams = getattr(getattr(trainer, "datamodule", None), "hparams", None) or {}
-        return hparams.get("forgetting_warning")
+        return forgetting_options(trainer).warning
 
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -157,8 +163,8 @@ class ForgettingWarning(L.Callback):
             rank_zero_warn(
                 f"forgetting: {prefix}/perplexity rose {after / before - 1:.0%} over its step-0 value "
                 f"({before:.4g} -> {after:.4g}) at step {trainer.global_step}, more than "
-                f"data.forgetting_warning={threshold}; replay general text (data.mix_files with "
-                "data.mix_probability, or data.forgetting_budget) or lower the learning rate"
+                f"forgetting.warning={threshold}; replay general text (data.mix_files with "
+                "data.mix_probability, or forgetting.budget) or lower the learning rate"
             )
 
     @override
@@ -171,10 +177,10 @@ class ForgettingWarning(L.Callback):
 
 
 class ForgettingBudget(L.Callback):
-    """Holds forgetting to ``data.forgetting_budget`` by moving the general-text mix rate during the run.
+    """Holds forgetting to ``forgetting.budget`` by moving the general-text mix rate during the run.
 
-    Every ``data.forgetting_check_interval`` optimizer steps (and before the first) the perplexity of the
-    first ``data.forgetting_check_batches`` batches of the general validation set goes to the DataModule's
+    Every ``forgetting.check_interval`` optimizer steps (and before the first) the perplexity of the
+    first ``forgetting.check_batches`` batches of the general validation set goes to the DataModule's
     :class:`~mlm_adapt.data.replay.Replay`, which sets the rate of the next steps. It runs before
     ModelCheckpoint (Lightning orders checkpoint callbacks last), so a checkpoint of step ``s`` holds the
     rate decided at ``s``. Inactive unless the DataModule has a budget.
@@ -185,8 +191,8 @@ class ForgettingBudget(L.Callback):
         return replay if replay is not None and replay.budget is not None else None
 
     def interval(self, trainer: L.Trainer) -> int:
-        """Steps between checks: ``data.forgetting_check_interval``, else a twentieth of the run."""
-        configured = trainer.datamodule.hparams.get("forgetting_check_interval")
+        """Steps between checks: ``forgetting.check_interval``, else a twentieth of the run."""
+        configured = forgetting_options(trainer).check_interval
         return configured or max(1, int(trainer.estimated_stepping_batches) // 20)
 
     def general_perplexity(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
@@ -196,7 +202,7 @@ class ForgettingBudget(L.Callback):
         name = datamodule.validation_set_names[1]
         dataset = KeyedDataset(datamodule.val_datasets[name])
         size = datamodule.hparams.eval_batch_size or datamodule.hparams.batch_size
-        end = min(len(dataset), size * datamodule.hparams.forgetting_check_batches)
+        end = min(len(dataset), size * forgetting_options(trainer).check_batches)
         modes = {module: module.training for module in pl_module.modules()}
         pl_module.eval()
         loss, count = torch.zeros((), dtype=torch.float64), 0
@@ -224,7 +230,7 @@ class ForgettingBudget(L.Callback):
             since = "" if step == 0 else ", set on resume: rises are measured from this step"
             rank_zero_info(
                 f"mlm_adapt replay: step {step}: val_{name} check perplexity {perplexity:.4g} (the baseline "
-                f"of data.forgetting_budget={replay.budget}{since}); mix rate {new:g}"
+                f"of forgetting.budget={replay.budget}{since}); mix rate {new:g}"
             )
         elif new != old:
             rank_zero_info(
@@ -244,10 +250,10 @@ class ForgettingBudget(L.Callback):
         if first > total:
             since = "after step 0" if step == 0 else f"after the resumed step {step}"
             rank_zero_warn(
-                f"data.forgetting_check_interval={interval} leaves no forgetting check {since} in a run of "
+                f"forgetting.check_interval={interval} leaves no forgetting check {since} in a run of "
                 f"{int(total)} optimizer steps (the first would be at step {first}): forgetting is not "
                 "measured, and the end of the run and the model card say so instead of a verdict; set "
-                f"data.forgetting_check_interval below {int(total) - step} (unset: a twentieth of the run)"
+                f"forgetting.check_interval below {int(total) - step} (unset: a twentieth of the run)"
             )
 
     @override
@@ -282,7 +288,7 @@ class ForgettingBudget(L.Callback):
 
 def default_callbacks() -> list[L.Callback]:
     """Callbacks the CLI always adds (persistent ``trainer_defaults``); the forgetting ones act only when
-    ``data.forgetting_warning``/``data.forgetting_budget`` are set.
+    ``forgetting.warning``/``forgetting.budget`` are set.
 
     ``BeforeAfterValidation`` comes before ``ExactResume``: its step-0 validation runs in the first
     ``on_train_batch_start``, and ExactResume's reseeding after it keeps dropout independent of it.

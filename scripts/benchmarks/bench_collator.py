@@ -27,7 +27,7 @@ from transformers import AutoTokenizer, DataCollatorForLanguageModeling  # noqa:
 from mlm_adapt.masking import WholeWordMaskCollator  # noqa: E402
 from mlm_adapt.text.alignment import tokenize_with_word_ids  # noqa: E402
 from mlm_adapt.text.blocks import build_blocks
-from mlm_adapt.text.segmentation import Segmenter  # noqa: E402
+from mlm_adapt.text.segmentation import JiebaSegmenter  # noqa: E402
 
 
 def hf_features(texts: list[str], tokenizer, max_length: int, padded_length: int, packed: bool) -> list[dict]:
@@ -63,7 +63,7 @@ def main() -> None:
     model_dir = tiny_model(Path(tempfile.gettempdir()) / "mlm_adapt_bench" / "tiny-bert")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     texts = reviews()[:6000]
-    tokens = tokenize_with_word_ids(texts, tokenizer, Segmenter())
+    tokens = tokenize_with_word_ids(texts, tokenizer, JiebaSegmenter())
 
     ours = WholeWordMaskCollator(tokenizer, seed=0)
     hf_wwm = DataCollatorForLanguageModeling(tokenizer, whole_word_mask=True, seed=0)

@@ -108,12 +108,12 @@ def per_core(texts, directories: dict[str, Path], rounds: int) -> list[list[obje
     from transformers import AutoTokenizer
 
     from mlm_adapt.text.alignment import tokenize_with_word_ids
-    from mlm_adapt.text.segmentation import Segmenter
+    from mlm_adapt.text.segmentation import JiebaSegmenter
 
     jieba.setLogLevel(60)
     jieba_tok = jieba.Tokenizer()
     jieba_tok.initialize()
-    seg = Segmenter("rjieba")
+    seg = JiebaSegmenter("rjieba")
     seg("预热")  # the dictionary load is one-off per process, the same for every pipeline
     bert_dir = directories["WordPiece (BERT)"]
     cases = {
@@ -162,9 +162,9 @@ def per_core(texts, directories: dict[str, Path], rounds: int) -> list[list[obje
 def identical(texts, tokenizers: dict) -> list[list[object]]:
     """Fraction of lines whose training ids equal ``tokenizer(line, add_special_tokens=False)``."""
     from mlm_adapt.text.alignment import tokenize_with_word_ids
-    from mlm_adapt.text.segmentation import Segmenter
+    from mlm_adapt.text.segmentation import JiebaSegmenter
 
-    seg = Segmenter("rjieba")
+    seg = JiebaSegmenter("rjieba")
     rows = []
     for name, tok in tokenizers.items():
         own = tok(list(texts), add_special_tokens=False)["input_ids"]
@@ -204,7 +204,7 @@ def all_cores(texts, model_dir) -> list[list[object]]:
     from transformers import AutoTokenizer
 
     from mlm_adapt.text.alignment import tokenize_with_word_ids
-    from mlm_adapt.text.segmentation import Segmenter
+    from mlm_adapt.text.segmentation import JiebaSegmenter
 
     datasets.disable_caching()
     datasets.disable_progress_bars()
@@ -214,7 +214,11 @@ def all_cores(texts, model_dir) -> list[list[object]]:
     chars = sum(len(t) for t in data["text"])
     for name, fn, extra in (
         ("naive: jieba.lcut + tokenizer per line", _naive_batch, {}),
-        ("mlm_adapt", lambda b, **kw: tokenize_with_word_ids(b["text"], **kw), {"segmenter": Segmenter()}),
+        (
+            "mlm_adapt",
+            lambda b, **kw: tokenize_with_word_ids(b["text"], **kw),
+            {"segmenter": JiebaSegmenter()},
+        ),
     ):
         single = None
         for n in sorted({1, procs}):

@@ -2,7 +2,7 @@
 
 Adapts the demo's general model (``scripts/prepare_demo.py``: People's Daily -> product reviews) once per
 setting, every run the demo's own ``fit`` (``configs/demo.yaml``) with one difference: no replay, a fixed
-mix rate of general text (``data.mix_probability``), or a forgetting budget (``data.forgetting_budget``)
+mix rate of general text (``data.mix_probability``), or a forgetting budget (``forgetting.budget``)
 that moves the rate during the run. Prints one table: domain and general perplexity before and after,
 the general rise over step 0, the share of the unconstrained run's domain reduction each run keeps, the
 mean and final mix rate, and the wall time (the same-run baseline is the ``none`` row). Every run validates
@@ -28,9 +28,9 @@ GENERAL = ".cache/demo/general_train.txt"
 RUNS = {
     "none": [],
     "fixed_0.2": [f"--data.mix_files=[{GENERAL}]", "--data.mix_probability=0.2"],
-    "budget_0.5": [f"--data.mix_files=[{GENERAL}]", "--data.forgetting_budget=0.5"],
-    "budget_0.2": [f"--data.mix_files=[{GENERAL}]", "--data.forgetting_budget=0.2"],
-    "budget_0.1": [f"--data.mix_files=[{GENERAL}]", "--data.forgetting_budget=0.1"],
+    "budget_0.5": [f"--data.mix_files=[{GENERAL}]", "--forgetting.budget=0.5"],
+    "budget_0.2": [f"--data.mix_files=[{GENERAL}]", "--forgetting.budget=0.2"],
+    "budget_0.1": [f"--data.mix_files=[{GENERAL}]", "--forgetting.budget=0.1"],
 }
 _ROW = re.compile(r"^(val(?:_general)?/perplexity)\s+([\d.]+)\s+([\d.]+)\s*$", re.M)
 _RATE = re.compile(r"mean ([\d.]+); general perplexity")

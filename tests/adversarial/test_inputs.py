@@ -19,7 +19,7 @@ from mlm_adapt.data.validation_sets import overlap_messages
 from mlm_adapt.downstream import load_task
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.alignment import control_ids, tokenize_with_word_ids
-from mlm_adapt.text.segmentation import Segmenter, read_user_dict
+from mlm_adapt.text.segmentation import JiebaSegmenter, read_user_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from families import FAMILIES, family_dir  # noqa: E402
@@ -208,7 +208,7 @@ def test_user_dictionary_with_a_non_ascii_digit_is_one_line_in_every_command(
 def test_user_dictionary_large_but_sane_frequency_segments(tmp_path):
     path = tmp_path / "dict.txt"
     path.write_text("领域术语 1000000000000\n", encoding="utf-8")
-    assert "领域术语" in Segmenter(user_dict=str(path))("这是领域术语。")
+    assert "领域术语" in JiebaSegmenter(user_dict=str(path))("这是领域术语。")
 
 
 PLOT_CASES = {
@@ -241,7 +241,7 @@ def test_special_token_text_is_text_for_every_family(family):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(family_dir(family))
-    out = tokenize_with_word_ids([SPECIAL_TEXT, "普通的句子。"], tokenizer, Segmenter())
+    out = tokenize_with_word_ids([SPECIAL_TEXT, "普通的句子。"], tokenizer, JiebaSegmenter())
     ids = out["input_ids"][0]
     assert not control_ids(tokenizer) & set(ids), tokenizer.convert_ids_to_tokens(ids)
     assert len(ids) == len(out["word_ids"][0])

@@ -19,7 +19,7 @@ def test_fit_reports_every_validation_set_before_and_after(tmp_path, tiny_model_
         "fit",
         *tiny_fit_args(tiny_model_dir, corpus_file, tmp_path),
         f"--data.validation_files={{domain: null, general: [{general}]}}",
-        "--data.forgetting_warning=0.5",
+        "--forgetting.warning=0.5",
         "--trainer.val_check_interval=3",
         "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
         f"--trainer.logger.save_dir={tmp_path}",

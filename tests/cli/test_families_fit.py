@@ -56,13 +56,13 @@ def test_preview_prints_decoded_text(family):
     from mlm_adapt.cli.data_only import batch_examples, render_text
     from mlm_adapt.data.preprocess import to_blocks
     from mlm_adapt.masking import WholeWordMaskCollator
-    from mlm_adapt.text.segmentation import Segmenter
+    from mlm_adapt.text.segmentation import JiebaSegmenter
 
     tokenizer = AutoTokenizer.from_pretrained(family_dir(family))
     lines = training_texts()[:16]
     datasets.disable_progress_bars()
     blocks = to_blocks(
-        datasets.Dataset.from_dict({"text": lines}), tokenizer, Segmenter(), 128, packing=False
+        datasets.Dataset.from_dict({"text": lines}), tokenizer, JiebaSegmenter(), 128, packing=False
     )
     batch = WholeWordMaskCollator(tokenizer, mlm_probability=0.3)([blocks[i] for i in range(len(blocks))])
     source = unicodedata.normalize("NFKC", "".join(lines)).lower()

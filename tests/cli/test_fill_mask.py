@@ -1,4 +1,4 @@
-"""``python -m mlm_adapt fill-mask``: per-mask top-k, whole-word fillings, ``--mask_attention zero``."""
+"""``python -m mlm_adapt fill-mask``: per-mask top-k, whole-word fillings, ``--mask_attention exclude``."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def run_fill_mask(capsys, *args: str) -> list[str]:
 def test_output_format_plain_and_side_by_side(tiny_model_dir, capsys):
     plain = run_fill_mask(capsys, "--model", str(tiny_model_dir), TEXT, "--top_k", "3")
     both = run_fill_mask(
-        capsys, "--model", str(tiny_model_dir), TEXT, "--top_k", "3", "--mask_attention", "zero"
+        capsys, "--model", str(tiny_model_dir), TEXT, "--top_k", "3", "--mask_attention", "exclude"
     )
     assert plain[:2] == [f"model: {tiny_model_dir}", f"text: {TEXT}"]
     assert plain[3].split() == ["[MASK]", "attended"]
@@ -58,7 +58,7 @@ def test_top_k_probabilities_are_the_pipelines(tiny_model_dir, tiny_lm):
     assert [p for _, p in prediction.candidates] == pytest.approx([p for _, p in expected], rel=1e-5)
 
 
-def test_mask_attention_zero_hides_masks_and_fills_greedily(tiny_model_dir, tiny_lm):
+def test_mask_attention_exclude_hides_masks_and_fills_greedily(tiny_model_dir, tiny_lm):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -73,7 +73,7 @@ def test_mask_attention_zero_hides_masks_and_fills_greedily(tiny_model_dir, tiny
 
     zero_probs, attended_probs = probs(ids, hidden), probs(ids, torch.ones_like(ids))
     assert not torch.equal(zero_probs[3], attended_probs[3])
-    (first, second), (filling,) = predict(tiny_lm, tokenizer, TEXT, top_k=2, mask_attention="zero")
+    (first, second), (filling,) = predict(tiny_lm, tokenizer, TEXT, top_k=2, mask_attention="exclude")
     assert [p for _, p in first.candidates] == pytest.approx(zero_probs[3].topk(2).values.tolist(), rel=1e-5)
     # Greedy: fix the more confident mask, rerun with it filled in (and attended), then fill the other.
     pos = 3 if zero_probs[3].max() >= zero_probs[4].max() else 4
@@ -94,11 +94,43 @@ def test_mask_attention_zero_hides_masks_and_fills_greedily(tiny_model_dir, tiny
 @pytest.mark.slow
 def test_fill_mask_reads_lightning_checkpoints_like_the_export(trained_run, capsys):
     ckpt = next(p for p in (trained_run / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt")
-    from_ckpt = run_fill_mask(capsys, "--model", str(ckpt), TEXT, "--mask_attention", "zero")
+    from_ckpt = run_fill_mask(capsys, "--model", str(ckpt), TEXT, "--mask_attention", "exclude")
     from_export = run_fill_mask(
-        capsys, "--model", str(trained_run / "export"), TEXT, "--mask_attention", "zero"
+        capsys, "--model", str(trained_run / "export"), TEXT, "--mask_attention", "exclude"
     )
     assert from_ckpt[1:] == from_export[1:] and len(from_ckpt) > 10
+
+
+@pytest.mark.parametrize(("old", "new"), [("none", "attend"), ("zero", "exclude")])
+@pytest.mark.parametrize("given", ["flag", "equals", "config"])
+def test_old_mask_attention_values_are_refused_with_the_new_name(
+    tiny_model_dir, tmp_path, capsys, old, new, given
+):
+    if given == "flag":
+        args = ["--mask_attention", old]
+    elif given == "equals":
+        args = [f"--mask_attention={old}"]
+    else:
+        config = tmp_path / "fill.yaml"
+        config.write_text(f"mask_attention: {old}\n", encoding="utf-8")
+        args = ["--config", str(config)]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fill-mask", "--model", str(tiny_model_dir), TEXT, *args])
+    assert exit_info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines == [f"mlm_adapt: error: --mask_attention: '{old}' is now '{new}'"]
+
+
+def test_predict_refuses_old_and_unknown_modes(tiny_model_dir, tiny_lm):
+    from transformers import AutoTokenizer
+
+    from mlm_adapt.errors import MLMAdaptError
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    with pytest.raises(MLMAdaptError, match="'zero' is now 'exclude'"):
+        predict(tiny_lm, tokenizer, TEXT, mask_attention="zero")
+    with pytest.raises(ValueError, match="use one of attend, exclude"):
+        predict(tiny_lm, tokenizer, TEXT, mask_attention="hide")
 
 
 def test_text_without_mask_is_a_one_line_error(tiny_model_dir, capsys):

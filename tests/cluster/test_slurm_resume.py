@@ -51,9 +51,9 @@ def case_args(model: Path, corpus: Path, rec: Path, general: Path, setting: str)
         args += [
             f"--data.mix_files=[{general}]",
             f'--data.validation_files={{"domain": null, "general": ["{general}"]}}',
-            "--data.forgetting_budget=0.1",
-            "--data.forgetting_check_interval=15",  # checks at 15, 30, 45 (just before the stop), 60, 75
-            "--data.forgetting_check_batches=1",
+            "--forgetting.budget=0.1",
+            "--forgetting.check_interval=15",  # checks at 15, 30, 45 (just before the stop), 60, 75
+            "--forgetting.check_batches=1",
         ]
     return args
 

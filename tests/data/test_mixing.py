@@ -1,5 +1,5 @@
 """General-text replay (``data.mix_files``): drawn per slot at sampling time, at a fixed, scheduled or
-controlled rate (``data.forgetting_budget``)."""
+controlled rate (``forgetting.budget``)."""
 
 from __future__ import annotations
 
@@ -221,7 +221,7 @@ def test_budget_checks_log_rates_and_keep_state_in_the_datamodule(
     seen, datamodule = _fit_batches(
         tiny_model_dir, corpus_file, general_file, tmp_path, steps=8,
         validation_files={"domain": None, "general": [str(general_file)]},
-        forgetting_budget=0.01, forgetting_check_interval=2, forgetting_check_batches=1, mix_probability=0.1,
+        forgetting={"budget": 0.01, "check_interval": 2, "check_batches": 1}, mix_probability=0.1,
     )  # fmt: skip
     checks = datamodule.replay.checks
     assert [c.step for c in checks] == [0, 2, 4, 6, 8]
@@ -236,16 +236,18 @@ def test_budget_checks_log_rates_and_keep_state_in_the_datamodule(
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"forgetting_budget": 0.2}, "needs general text to replay"),
-        ({"forgetting_budget": 0.2, "mix_files": ["g.txt"]}, "general validation set"),
-        ({"forgetting_budget": 0.0, "mix_files": ["g.txt"]}, "data.forgetting_budget=0.0 must be a finite"),
+        ({"forgetting": {"budget": 0.2}}, "forgetting.budget needs general text to replay"),
+        ({"forgetting": {"budget": 0.2}, "mix_files": ["g.txt"]}, "general validation set"),
+        ({"forgetting": {"budget": 0.0}, "mix_files": ["g.txt"]}, "forgetting.budget=0.0 must be a finite"),
         ({"mix_probability": 0.2}, "needs data.mix_files"),
-        ({"mix_probability": [[0.0, 0.1], [1.0, 0.3]], "forgetting_budget": 0.2, "mix_files": ["g.txt"],
+        ({"mix_probability": [[0.0, 0.1], [1.0, 0.3]], "forgetting": {"budget": 0.2}, "mix_files": ["g.txt"],
           "validation_files": {"d": None, "g": ["g.txt"]}}, "the starting rate, one number"),
-        ({"mix_probability": 0.6, "forgetting_budget": 0.2, "mix_files": ["g.txt"],
+        ({"mix_probability": 0.6, "forgetting": {"budget": 0.2}, "mix_files": ["g.txt"],
           "validation_files": {"d": None, "g": ["g.txt"]}}, "exceeds data.max_mix_rate"),
         ({"max_mix_rate": 1.0}, "data.max_mix_rate=1.0"),
-        ({"forgetting_check_interval": 0}, "data.forgetting_check_interval=0"),
+        ({"forgetting": {"check_interval": 0}}, "forgetting.check_interval=0"),
+        ({"forgetting": {"check_batches": 0}}, "forgetting.check_batches=0"),
+        ({"forgetting": {"interval": 3}}, "forgetting.interval is no option"),
         ({"mix_files": ["g.txt"], "streaming": True}, "not available with data.streaming"),
     ],
 )  # fmt: skip

@@ -88,8 +88,8 @@ def test_missing_file_of_a_named_set_names_its_key(tiny_model_dir, corpus_file, 
 
 
 def test_forgetting_warning_must_be_positive(tiny_model_dir, corpus_file, tmp_path):
-    with pytest.raises(MLMAdaptError, match=r"data\.forgetting_warning"):
-        make_datamodule(tiny_model_dir, corpus_file, tmp_path, forgetting_warning=0.0)
+    with pytest.raises(MLMAdaptError, match=r"forgetting\.warning=0\.0 must be"):
+        make_datamodule(tiny_model_dir, corpus_file, tmp_path, forgetting={"warning": 0.0})
 
 
 def test_streaming_keeps_every_named_set_in_memory(tiny_model_dir, corpus_file, general_file, tmp_path):

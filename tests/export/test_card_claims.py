@@ -60,13 +60,14 @@ def test_the_card_states_replay_as_configured_and_the_budgets_trajectory():
     replay = Replay(general=[], schedule=parse_mix_rate(0.0), budget=0.2)
     for step, perplexity in [(0, 100.0), (10, 135.0), (20, 128.0), (30, 118.0)]:
         replay.update(step, perplexity)
+    # The data hyperparameters of a checkpoint written before the forgetting options were their own group.
     info = ExportInfo(
         model_hparams={"model_name_or_path": "tiny"},
         data_hparams={"train_files": ["a"], "mix_files": ["news.txt"], "forgetting_budget": 0.2},
         replay=replay_summary(replay.state_dict()),
     )
     card = str(render_model_card(info, title="demo"))
-    assert _rows(card)["general text replayed"].endswith("mix rate set by data.forgetting_budget=0.2")
+    assert _rows(card)["general text replayed"].endswith("mix rate set by forgetting.budget=0.2")
     assert "## Forgetting budget" in card
     assert "3 check(s) ran after step 0, the last at step 30, where it was +18.0%: the budget held" in card
     table = [line for line in card.splitlines() if line.startswith("| ") and line[2].isdigit()]
@@ -82,7 +83,7 @@ SCHEDULES = {"constant": 0.15, "decay": [[0.0, 0.3], [1.0, 0.15]]}
 REPLAY = {
     "none": {},
     "fixed": {"mix_files": ["news.txt"], "mix_probability": 0.1},
-    "budget": {"mix_files": ["news.txt"], "forgetting_budget": 0.2},
+    "budget": {"mix_files": ["news.txt"], "forgetting": {"budget": 0.2}},
 }
 
 
@@ -136,7 +137,7 @@ def test_every_sentence_follows_from_the_runs_settings(scheme, segmenter, schedu
     expected_replay = {
         "none": None,
         "fixed": "`news.txt` at mix rate 0.1",
-        "budget": "`news.txt`, mix rate set by data.forgetting_budget=0.2",
+        "budget": "`news.txt`, mix rate set by forgetting.budget=0.2",
     }[replay]
     assert replayed == expected_replay
     assert "downstream/<task>" not in card and "val_<name>" not in card  # none of either in this run

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 
 from mlm_adapt.data.preprocess import to_blocks
 from mlm_adapt.masking import WholeWordMaskCollator
-from mlm_adapt.text.segmentation import Segmenter
+from mlm_adapt.text.segmentation import JiebaSegmenter
 from mlm_adapt.text.tokenizer import ordinary_token_ids
 
 FAMILIES = ("bert", "xlmr", "albert", "deberta", "modernbert")
@@ -42,7 +42,11 @@ def _examples(family: str):
     lines = [line for line in _lines() if len(tokenizer(line, add_special_tokens=False)["input_ids"]) <= 254]
     datasets.disable_progress_bars()
     blocks = to_blocks(
-        datasets.Dataset.from_dict({"text": lines}), tokenizer, Segmenter(), max_seq_length=256, packing=False
+        datasets.Dataset.from_dict({"text": lines}),
+        tokenizer,
+        JiebaSegmenter(),
+        max_seq_length=256,
+        packing=False,
     )
     assert len(blocks) == len(lines)  # one block per line, in order
     collator = WholeWordMaskCollator(tokenizer, seed=3)

@@ -13,7 +13,7 @@ from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.masking.collator import example_keys, whole_word_mask
 from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import build_blocks
-from mlm_adapt.text.segmentation import Segmenter
+from mlm_adapt.text.segmentation import JiebaSegmenter
 
 _M32 = 0xFFFFFFFF
 
@@ -101,7 +101,7 @@ def ref_pad(features, pad_token_id, multiple):
 # ---- tests ----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def block_features(review_texts, tokenizer):
-    tokens = tokenize_with_word_ids(review_texts, tokenizer, Segmenter())
+    tokens = tokenize_with_word_ids(review_texts, tokenizer, JiebaSegmenter())
     feats = {}
     for packing, length in ((True, 512), (False, 128)):
         blocks = build_blocks(

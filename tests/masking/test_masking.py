@@ -11,7 +11,7 @@ from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.masking.collator import mix32
 from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import build_blocks
-from mlm_adapt.text.segmentation import Segmenter
+from mlm_adapt.text.segmentation import JiebaSegmenter
 from mlm_adapt.text.tokenizer import ordinary_token_ids
 
 
@@ -94,7 +94,7 @@ def test_random_replacements_are_ordinary_tokens(tokenizer, word_lengths):
 
 @pytest.fixture(scope="module")
 def review_blocks(tokenizer, review_texts):
-    out = tokenize_with_word_ids(review_texts, tokenizer, Segmenter())
+    out = tokenize_with_word_ids(review_texts, tokenizer, JiebaSegmenter())
     blocks = build_blocks(
         out["input_ids"], out["word_ids"], 128, tokenizer.cls_token_id, tokenizer.sep_token_id, packing=True
     )

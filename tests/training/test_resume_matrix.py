@@ -38,9 +38,9 @@ def _replay(root: Path) -> list[str]:
         f'--data.validation_files={{"domain": null, "general": ["{general}"]}}',
         "--data.mix_probability=0.5",
         "--data.max_mix_rate=0.95",
-        "--data.forgetting_budget=0.05",
-        "--data.forgetting_check_interval=3",  # checks at steps 3, 6, 9, 12: between the validations
-        "--data.forgetting_check_batches=1",
+        "--forgetting.budget=0.05",
+        "--forgetting.check_interval=3",  # checks at steps 3, 6, 9, 12: between the validations
+        "--forgetting.check_batches=1",
     ]
 
 
