@@ -31,7 +31,15 @@ from mlm_adapt.cli.data_only import prepare_main, preview_main, vocab_main
 from mlm_adapt.cli.fill_mask import fill_mask_main
 from mlm_adapt.cli.help_cache import cacheable, cached_help
 from mlm_adapt.cli.plot import plot_main
-from mlm_adapt.cli.usage import OTHER_COMMANDS, PROG, SUMMARIES, TRAINER_COMMANDS, description, usage
+from mlm_adapt.cli.usage import (
+    OTHER_COMMANDS,
+    PROG,
+    SUMMARIES,
+    TRAINER_COMMANDS,
+    description,
+    given_flags,
+    usage,
+)
 from mlm_adapt.errors import (
     DEBUG_ENV,
     DEBUG_HINT,
@@ -275,14 +283,7 @@ def _trainer_command(args: list[str]) -> None:
 def check_config_files(args: list[str]) -> None:
     """Refuses a ``--config``/``-c`` that is neither a file nor a YAML mapping, before LightningCLI's parser
     (the training stack) is built, with the line that parser would print."""
-    for i, arg in enumerate(args):
-        name, equals, value = arg.partition("=")
-        if name not in ("--config", "-c"):
-            continue
-        if not equals:
-            if i + 1 >= len(args):
-                return  # no value: the parser says so
-            value = args[i + 1]
+    for _, value in given_flags(args, ("--config", "-c")):
         if os.path.exists(value):
             continue
         try:

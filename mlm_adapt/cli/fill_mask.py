@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 import yaml
 from jsonargparse import auto_cli
 
+from mlm_adapt.cli.usage import given_flags
 from mlm_adapt.errors import MLMAdaptError, check_checkpoint_path, check_model_path
 from mlm_adapt.guard.yaml_limits import check_yaml_expansion
 
@@ -219,14 +220,7 @@ def check_mode(value: object) -> None:
 def given_modes(args: list[str]) -> Iterator[object]:
     """The ``--mask_attention`` values of the command line and of its ``--config`` files (or inline YAML):
     read before the parser, whose own refusal of an old value would not name the new one."""
-    for i, arg in enumerate(args):
-        name, equals, value = arg.partition("=")
-        if name not in ("--mask_attention", "--config"):
-            continue
-        if not equals:
-            if i + 1 >= len(args):
-                continue  # no value: the parser says so
-            value = args[i + 1]
+    for name, value in given_flags(args, ("--mask_attention", "--config")):
         if name == "--mask_attention":
             yield value
             continue

@@ -53,3 +53,14 @@ def description() -> str:
         f"{ABOUT} Trainer commands below; also {others} ({PROG} COMMAND --help). Errors are one "
         f"line; add --debug (or set {DEBUG_ENV}=1) for the traceback."
     )
+
+
+def given_flags(args: list[str], names: tuple[str, ...]) -> list[tuple[str, str]]:
+    """``(name, value)`` of every ``NAME VALUE`` or ``NAME=VALUE`` of ``names`` on a command line, read before
+    any parser (one without its value is left to the parser to refuse)."""
+    found = []
+    for i, arg in enumerate(args):
+        name, equals, value = arg.partition("=")
+        if name in names and (equals or i + 1 < len(args)):
+            found.append((name, value if equals else args[i + 1]))
+    return found
