@@ -23,21 +23,18 @@ from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
 from mlm_adapt.model import MaskedLMModule
-from mlm_adapt.model.checkpoints import callback_state, checkpoint_metadata
+from mlm_adapt.model.checkpoints import checkpoint_metadata
 from mlm_adapt.model.loading import check_trainer_fits
 from mlm_adapt.text.segmentation import BUILTIN_NAMES
 from mlm_adapt.text.traditional import OPENCC_CONFIGS
 from mlm_adapt.training import default_callbacks, guard_user_callbacks
+from mlm_adapt.training.checkpoint_files import attach_csv_logs, resolve_resume, root_loggers
 from mlm_adapt.training.resume import (
     FIXED_SETTINGS,
     WEIGHT_SETTINGS,
-    ResumeCheck,
-    attach_csv_logs,
-    checkpoint_settings,
-    conflict_message,
-    resolve_resume,
-    resume_conflicts,
-    root_loggers,
+    check_settings,
+    resume_match,
+    run_settings,
 )
 
 _GIVEN = re.compile(r"Given value: (.*)")
@@ -166,8 +163,14 @@ class MLMAdaptCLI(LightningCLI):
         elif self.subcommand in ("validate", "test"):
             resolve_resume(self.config[self.subcommand], follow_version=False)
 
+    def _optimizer_config(self) -> Any:
+        """``model.optimizer`` as the config holds it (class path and init args, serialized by the parser)."""
+        resolved = yaml.safe_load(self.parser.dump(self.config, skip_none=False))[self.subcommand]
+        return resolved["model"]["optimizer"]
+
     def _check_checkpoint(self, settings: tuple[tuple[str, str], ...]) -> dict[str, Any] | None:
-        """Refuses a checkpoint whose ``settings`` differ from the command line's; returns its entries."""
+        """Refuses a checkpoint whose ``settings`` differ from the command line's (asked of
+        :mod:`mlm_adapt.training.resume`); returns its entries."""
         config = self.config[self.subcommand]
         if config.weights_only is False:
             raise MLMAdaptError(
@@ -178,15 +181,8 @@ class MLMAdaptCLI(LightningCLI):
         if not ckpt_path or ckpt_path in ("best", "hpc"):
             return None
         saved = checkpoint_metadata(ckpt_path)  # also refuses a crafted file before Lightning reads it
-        # The optimizer as the checkpoint stores it: in the resolved config, serialized by the same parser.
-        resolved = yaml.safe_load(self.parser.dump(self.config, skip_none=False))[self.subcommand]
-        current = {
-            "model": {**self.model.hparams, "optimizer": resolved["model"]["optimizer"]},
-            "data": dict(self.datamodule.hparams),
-        }
-        conflicts = resume_conflicts(checkpoint_settings(saved), current, settings)
-        if conflicts:
-            raise MLMAdaptError(conflict_message(ckpt_path, conflicts))
+        current = run_settings(self.model.hparams, self.datamodule.hparams, self._optimizer_config())
+        check_settings(ckpt_path, saved, current, settings)
         return saved
 
     def _check_device_memory(self, training: bool) -> None:
@@ -207,17 +203,20 @@ class MLMAdaptCLI(LightningCLI):
 
     def before_fit(self) -> None:
         """Resuming: refuses changed fixed settings (any checkpoint path, ``last`` or explicit) and a
-        non-weights-only load before anything is written; the corpus is compared by ``ResumeCheck`` once
-        the data is set up, and the CSV log is continued only when the resume is accepted."""
+        non-weights-only load before the data is prepared or anything is written; ``ResumeMatch``, put
+        first among the callbacks, compares the rest once the data is set up, and the CSV log is continued
+        only when the resume is accepted."""
         self._check_device_memory(training=True)
+        match = resume_match(self.trainer.callbacks)
+        if match is not None:  # the optimizer is recorded in every checkpoint, for its resume
+            self.trainer.callbacks.remove(match)
+            self.trainer.callbacks.insert(0, match)  # its setup first: before any other callback writes
+            match.optimizer = self._optimizer_config()
         saved = self._check_checkpoint(tuple(FIXED_SETTINGS))
-        if saved is None:
-            return
-        attach_csv_logs(self.trainer.loggers)  # writes nothing; keeps Lightning from wiping metrics.csv
-        # Lightning logs the rows of optimizer step k at logger step k - 1.
-        log_step = int(saved.get("global_step", 0)) - 1
-        check = ResumeCheck(callback_state(saved, "ExactResume"), log_step, str(self.config.fit.ckpt_path))
-        self.trainer.callbacks.insert(0, check)  # its setup first: before any other callback writes
+        if match is not None:
+            match.expect(self.config.fit.ckpt_path if saved is not None else None)
+        if saved is not None:
+            attach_csv_logs(self.trainer.loggers)  # writes nothing; keeps Lightning from wiping metrics.csv
 
     def before_validate(self) -> None:
         """Refuses a checkpoint of another model or vocabulary (one line, not a state-dict traceback)."""

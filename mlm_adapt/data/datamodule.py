@@ -23,8 +23,7 @@ from mlm_adapt.data.preprocess import BLOCK_FEATURES, AnyDataset, drop_empty, to
 from mlm_adapt.data.replay import (
     IDLE_REPLAY,
     Replay,
-    check_replay_state,
-    check_segments,
+    check_checkpoint_state,
     parse_mix_rate,
     replay_settings,
     replay_summary,
@@ -535,15 +534,9 @@ class MLMDataModule(L.LightningDataModule):
         altered one); a replay setting that differs from the checkpoint's last segment is one line naming
         the old and new values, and a new segment from the checkpoint's step (the card reports each).
         Checkpoints of earlier versions hold no segments: the run is then one segment."""
-        if not isinstance(state_dict, dict):
-            check_replay_state(state_dict)  # refuses it, in one line
-        replay_state = state_dict.get("replay")
-        if replay_state is not None:
-            check_replay_state(replay_state)
-        if state_dict.get("replay_segments") is not None:
-            step = state_dict.get("step")
-            segments = check_segments(state_dict["replay_segments"], step)
-            self.replay_segments = self._resumed_segments(segments, step, replay_state)
+        replay_state, segments = check_checkpoint_state(state_dict)
+        if segments is not None:
+            self.replay_segments = self._resumed_segments(segments, state_dict.get("step"), replay_state)
         self._replay_state = replay_state
         if self.replay is not None and replay_state is not None:
             self.replay.load_state_dict(replay_state)

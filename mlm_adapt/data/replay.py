@@ -449,16 +449,28 @@ def segment_columns(segments: Sequence[Sequence[Any]]) -> list[str]:
     return ["forgetting_budget", *(n for n in changed if n != "forgetting_budget")]
 
 
-def summary_from_checkpoint(state: Any, key: str) -> dict[str, Any]:
-    """:func:`replay_summary` of a checkpoint's DataModule state (``MLMDataModule.state_dict``), its replay
-    state and segments checked first (an altered one is one line under ``key``)."""
-    state = state if isinstance(state, dict) else {}
+def check_checkpoint_state(state: Any, key: str = "ckpt_path") -> tuple[Any, list[list[Any]] | None]:
+    """A checkpoint's DataModule state (``MLMDataModule.state_dict``) checked whole: a mapping, its replay
+    state (:func:`check_replay_state`) and its segments (:func:`check_segments`), each ``None`` where the
+    checkpoint has none (a run without replay; an earlier version). An altered one is one line under
+    ``key``. Returns the replay state as saved and the checked segments."""
+    if not isinstance(state, dict):
+        raise _refusal(f"the data module's state is a {type(state).__name__}, not a mapping", key)
     replay = state.get("replay")
     if replay is not None:
-        replay = check_replay_state(replay, key)
+        check_replay_state(replay, key)
     segments = state.get("replay_segments")
     if segments is not None:
         segments = check_segments(segments, state.get("step"), key)
+    return replay, segments
+
+
+def summary_from_checkpoint(state: Any, key: str) -> dict[str, Any]:
+    """:func:`replay_summary` of a checkpoint's DataModule state, checked first
+    (:func:`check_checkpoint_state`); a checkpoint without one reports nothing."""
+    if state is None:
+        return replay_summary(None, None)
+    replay, segments = check_checkpoint_state(state, key)
     return replay_summary(replay, segments)
 
 

@@ -10,7 +10,8 @@ from mlm_adapt.training.callbacks import (
     forgotten_sets,
     guard_user_callbacks,
 )
-from mlm_adapt.training.resume import ExactResume
+from mlm_adapt.training.exact_resume import ExactResume
+from mlm_adapt.training.resume import ResumeMatch
 from mlm_adapt.training.signals import StopOnSignal
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "ForgettingBudget",
     "ForgettingWarning",
     "GlobalBatchInfo",
+    "ResumeMatch",
     "StopOnSignal",
     "default_callbacks",
     "forgotten_sets",

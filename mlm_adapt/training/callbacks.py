@@ -22,7 +22,8 @@ from mlm_adapt.data.replay import describe_replay
 from mlm_adapt.data.samplers import KeyedDataset
 from mlm_adapt.errors import user_code
 from mlm_adapt.model.metrics import before_after_metrics, metrics_table
-from mlm_adapt.training.resume import ExactResume
+from mlm_adapt.training.exact_resume import ExactResume
+from mlm_adapt.training.resume import ResumeMatch
 from mlm_adapt.training.signals import StopOnSignal
 
 
@@ -290,10 +291,12 @@ def default_callbacks() -> list[L.Callback]:
     """Callbacks the CLI always adds (persistent ``trainer_defaults``); the forgetting ones act only when
     ``forgetting.warning``/``forgetting.budget`` are set.
 
+    ``ResumeMatch`` comes first: a refused resume stops before any other callback's ``setup`` writes.
     ``BeforeAfterValidation`` comes before ``ExactResume``: its step-0 validation runs in the first
     ``on_train_batch_start``, and ExactResume's reseeding after it keeps dropout independent of it.
     """
     return [
+        ResumeMatch(),
         BeforeAfterValidation(),
         ExactResume(),
         GlobalBatchInfo(),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from mlm_adapt.training.resume import AtomicCheckpointIO
+from mlm_adapt.training.checkpoint_files import AtomicCheckpointIO
 
 
 def _median_seconds(saves: list, repeats: int) -> list[float]:

@@ -22,7 +22,7 @@ from mlm_adapt.cli.commands import main
 from mlm_adapt.data.loader_state import WorkerCountFreeLoader, convert_loader_state
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.tiny import build_tiny_bert
-from mlm_adapt.training import resume as resume_lookup
+from mlm_adapt.training import checkpoint_files as resume_lookup
 
 LOGGER = (
     '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "%s", "name": "csv"}}'

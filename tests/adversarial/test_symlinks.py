@@ -28,7 +28,7 @@ from _output_workspace import (
 )
 
 from mlm_adapt.guard.outputs import MARKER, Output, is_complete_export, write_text
-from mlm_adapt.training.resume import AtomicCheckpointIO
+from mlm_adapt.training.checkpoint_files import AtomicCheckpointIO
 
 __all__ = ["world", "ws"]
 

@@ -9,7 +9,7 @@ from conftest import make_datamodule
 
 from mlm_adapt.data.loader_state import corpus_fingerprint
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.training import ExactResume
+from mlm_adapt.training import ResumeMatch
 
 
 def fingerprint(model_dir, corpus, cache_root, **overrides) -> str:
@@ -33,10 +33,14 @@ def test_same_corpus_moved_keeps_its_fingerprint_other_data_does_not(tiny_model_
 
 
 def test_resume_on_another_corpus_is_refused():
-    callback = ExactResume(seed=1)
-    callback.corpus_fingerprint = "b" * 32
-    callback.load_state_dict({"corpus_fingerprint": "b" * 32})  # the same corpus: fine
+    match = ResumeMatch()
+    match.corpus_fingerprint = "b" * 32
+
+    def checkpoint(fingerprint: str) -> dict:
+        return {"callbacks": {"ResumeMatch": {"corpus_fingerprint": fingerprint}}}
+
+    match.check(checkpoint("b" * 32))  # the same corpus: fine
     with pytest.raises(
         MLMAdaptError, match=r"cannot resume .*training corpus: fingerprint aaaaaaaaaaaa -> bbbb"
     ):
-        callback.load_state_dict({"corpus_fingerprint": "a" * 32})
+        match.check(checkpoint("a" * 32))

@@ -9,7 +9,7 @@ import torch
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.locks import create_staging
-from mlm_adapt.training.resume import AtomicCheckpointIO
+from mlm_adapt.training.checkpoint_files import AtomicCheckpointIO
 
 
 @pytest.fixture

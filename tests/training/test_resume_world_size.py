@@ -96,24 +96,29 @@ def test_a_resume_on_another_number_of_ranks_continues_the_global_example_order(
     assert got == expected[: len(got)]
 
 
+def record(**state):
+    """A checkpoint's entries with ``state`` as its resume record."""
+    return {"callbacks": {"ResumeMatch": state}}
+
+
 @pytest.mark.parametrize("saved", [1, 4])
 def test_a_streamed_corpus_is_not_resumed_on_another_number_of_ranks(saved):
     from mlm_adapt.errors import MLMAdaptError
-    from mlm_adapt.training.resume import WORLD_KEY, ExactResume
+    from mlm_adapt.training.resume import WORLD_KEY, ResumeMatch
 
-    callback = ExactResume()
-    callback.world_size, callback._streaming = 2, True
+    match = ResumeMatch()
+    match.world_size, match.streaming = 2, True
     with pytest.raises(MLMAdaptError, match=rf"written by {saved} ranks .* resume on {saved} ranks"):
-        callback.load_state_dict({WORLD_KEY: saved})
-    callback.load_state_dict({WORLD_KEY: 2})  # the same number: resumed
-    callback.load_state_dict({})  # a checkpoint that predates the record: taken as the same
+        match.check(record(**{WORLD_KEY: saved}))
+    match.check(record(**{WORLD_KEY: 2}))  # the same number: resumed
+    match.check({})  # a checkpoint that predates the record: taken as the same
 
 
 @pytest.mark.parametrize("crafted", ["2", -1, 0, None, 1.5, True])
 def test_a_crafted_world_size_is_read_as_unrecorded(crafted):
-    from mlm_adapt.training.resume import WORLD_KEY, ExactResume
+    from mlm_adapt.training.resume import WORLD_KEY, ResumeMatch, saved_world_size
 
-    callback = ExactResume()
-    callback.world_size, callback._streaming = 2, True
-    callback.load_state_dict({WORLD_KEY: crafted})
-    assert callback._saved_world_size is None
+    match = ResumeMatch()
+    match.world_size, match.streaming = 2, True
+    match.check(record(**{WORLD_KEY: crafted}))
+    assert saved_world_size(record(**{WORLD_KEY: crafted})) is None

@@ -1,0 +1,102 @@
+"""``ResumeMatch``: the one check of what a checkpoint must match, on its own record and on older ones."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.training.resume import (
+    CORPUS_KEY,
+    SETTINGS_KEY,
+    WORLD_KEY,
+    ResumeMatch,
+    run_settings,
+    saved_record,
+)
+
+ADAMW = {"class_path": "torch.optim.AdamW", "init_args": {"lr": 5e-5, "weight_decay": 0.01}}
+MODEL = {"model_name_or_path": "tiny-bert", "max_seq_length": 64, "learning_rate": 1.0}
+DATA = {"tokenizer_name_or_path": "tiny-bert", "batch_size": 8, "segmenter": "rjieba", "num_workers": 2}
+
+
+def match_for(optimizer=ADAMW, fingerprint="f" * 32, world_size=1, streaming=False) -> ResumeMatch:
+    match = ResumeMatch(optimizer=optimizer)
+    match.settings = run_settings(MODEL, DATA, optimizer)
+    match.corpus_fingerprint, match.world_size, match.streaming = fingerprint, world_size, streaming
+    match.datamodule_state_key = "MLMDataModule"
+    return match
+
+
+def checkpoint_of(match: ResumeMatch, **entries) -> dict:
+    """What a fit with ``match`` writes: its record among the callbacks' states."""
+    return {"callbacks": {"ResumeMatch": match.state_dict()}, **entries}
+
+
+def test_the_record_holds_only_the_fixed_settings_with_the_optimizer():
+    record = match_for().state_dict()
+    assert record[SETTINGS_KEY] == {
+        "model": {"model_name_or_path": "tiny-bert", "max_seq_length": 64, "optimizer": ADAMW},
+        "data": {"tokenizer_name_or_path": "tiny-bert", "batch_size": 8, "segmenter": "rjieba"},
+    }
+    assert record[CORPUS_KEY] == "f" * 32 and record[WORLD_KEY] == 1
+
+
+def test_the_same_run_resumes_and_every_changed_fixed_setting_is_one_line():
+    saved = checkpoint_of(match_for())
+    match_for().check(saved)
+    changed = match_for(optimizer={**ADAMW, "init_args": {"lr": 1e-4, "weight_decay": 0.01}})
+    with pytest.raises(MLMAdaptError, match=r"model\.optimizer\.init_args\.lr: 5e-05 -> 0\.0001") as error:
+        changed.check(saved, "last.ckpt")
+    assert "\n" not in str(error.value) and "cannot resume last.ckpt" in str(error.value)
+    with pytest.raises(MLMAdaptError, match=r"training corpus: fingerprint ffffffffffff -> aaaaaaaaaaaa"):
+        match_for(fingerprint="a" * 32).check(saved)
+
+
+def test_the_optimizer_is_read_from_the_record_not_from_the_export_callbacks_config():
+    # The export callback's saved config says another learning rate: the resume record is what counts.
+    exported = "model:\n  optimizer:\n    class_path: torch.optim.AdamW\n    init_args: {lr: 1.0}\n"
+    saved = checkpoint_of(match_for())
+    saved["callbacks"]["HFExport"] = {"config_yaml": exported}
+    match_for().check(saved)
+
+
+def test_a_checkpoint_of_an_earlier_version_is_read_from_its_hyper_parameters_and_exact_resume_state():
+    older = {
+        "hyper_parameters": {**MODEL, "max_seq_length": 128},
+        "datamodule_hyper_parameters": DATA,
+        "callbacks": {"ExactResume": {CORPUS_KEY: "f" * 32, WORLD_KEY: 2}},
+    }
+    record = saved_record(older)
+    assert record[CORPUS_KEY] == "f" * 32 and record[WORLD_KEY] == 2
+    assert "optimizer" not in record[SETTINGS_KEY]["model"]  # not recorded then: not compared
+    with pytest.raises(MLMAdaptError, match=r"model\.max_seq_length: 128 -> 64"):
+        match_for().check(older)
+    with pytest.raises(MLMAdaptError, match=r"written by 2 ranks"):
+        match_for(streaming=True).check({**older, "hyper_parameters": MODEL})
+
+
+@pytest.mark.parametrize("crafted", [[1, 2], "settings", {"model": "x", "data": 3}])
+def test_a_crafted_settings_record_is_not_compared_and_does_not_break_the_check(crafted):
+    saved = {"callbacks": {"ResumeMatch": {SETTINGS_KEY: crafted, CORPUS_KEY: "f" * 32}}}
+    match_for().check(saved)
+
+
+def test_an_altered_replay_state_is_refused_before_anything_is_restored():
+    saved = checkpoint_of(match_for(), MLMDataModule={"replay": {"rate": 0.1, "baseline": 0.0, "checks": []}})
+    with pytest.raises(MLMAdaptError, match=r"replay state is not one mlm_adapt writes"):
+        match_for().check(saved)
+    with pytest.raises(MLMAdaptError, match=r"data module's state is a list"):
+        match_for().check(checkpoint_of(match_for(), MLMDataModule=[1]))
+
+
+def test_a_checkpoint_the_cli_did_not_name_is_checked_when_it_is_restored():
+    # Trainer.fit(ckpt_path=...) from Python, or Lightning's hpc checkpoint: no expect() before setup.
+    saved = checkpoint_of(match_for())
+    trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), ckpt_path="hpc_ckpt_1.ckpt", loggers=[])
+    with pytest.raises(MLMAdaptError, match=r"cannot resume hpc_ckpt_1\.ckpt .*training corpus"):
+        match_for(fingerprint="a" * 32).on_load_checkpoint(trainer, None, saved)
+    match_for().on_load_checkpoint(trainer, None, saved)
+    validating = SimpleNamespace(state=SimpleNamespace(fn="validate"), ckpt_path="x.ckpt", loggers=[])
+    match_for(fingerprint="a" * 32).on_load_checkpoint(validating, None, saved)  # weights only: not a resume
