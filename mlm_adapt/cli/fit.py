@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import time
@@ -140,6 +141,10 @@ class MLMAdaptCLI(LightningCLI):
         # ``forgetting:`` in YAML (``--forgetting.*``): the data module holds it, the callbacks read it there.
         parser.add_class_arguments(ForgettingOptions, "forgetting")
         parser.link_arguments("forgetting", "data.forgetting")
+        # jsonargparse gives the link target its own --data.forgetting.help; the group is --forgetting.
+        for action in parser._actions:
+            if "--data.forgetting.help" in action.option_strings:
+                action.help = argparse.SUPPRESS
         # ``downstream:`` in YAML: labelled tasks scored at step 0 and every validation (none by default).
         parser.add_lightning_class_args(DownstreamEvaluation, "downstream")
 

@@ -95,6 +95,7 @@ def test_fit_help_lists_the_group_and_not_the_old_keys(capsys, monkeypatch):
     text = capsys.readouterr().out
     for name in ("warning", "budget", "check_interval", "check_batches"):
         assert f"--forgetting.{name} " in text
-    # data.forgetting is linked from the group (jsonargparse still lists its --data.forgetting.help).
+    # data.forgetting is linked from the group: no option of its own, not even jsonargparse's .help.
     assert "--data.forgetting_" not in text and "--data.forgetting " not in text
+    assert "--data.forgetting.help" not in text
     assert "forgetting --> data.forgetting" in text and "--data.max_mix_rate" in text
