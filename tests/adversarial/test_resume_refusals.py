@@ -145,6 +145,13 @@ REFUSED = {
     "last_changed_corpus": (False, (), None, "other", "training corpus: fingerprint"),
     "last_changed_batch_size": (False, ("--data.batch_size=4",), None, None, "data.batch_size: 8 -> 4"),
     "last_changed_packing": (False, ("--data.packing=false",), None, None, "data.packing: True -> False"),
+    "last_changed_learning_rate": (
+        False,
+        ("--model.optimizer=torch.optim.AdamW", "--model.optimizer.lr=0.0123"),
+        None,
+        None,
+        "model.optimizer.init_args.lr: ",
+    ),
     "explicit_changed_seq_length": (
         True,
         ("--model.max_seq_length=32",),
