@@ -173,9 +173,12 @@ class MLMAdaptCLI(LightningCLI):
         resolved = yaml.safe_load(self.parser.dump(self.config, skip_none=False))[self.subcommand]
         return resolved["model"]["optimizer"]
 
-    def _check_checkpoint(self, settings: tuple[tuple[str, str], ...]) -> dict[str, Any] | None:
+    def _check_checkpoint(
+        self, settings: tuple[tuple[str, str], ...], optimizer: Any = None
+    ) -> dict[str, Any] | None:
         """Refuses a checkpoint whose ``settings`` differ from the command line's (asked of
-        :mod:`mlm_adapt.training.resume`); returns its entries."""
+        :mod:`mlm_adapt.training.resume`; ``optimizer``: :meth:`_optimizer_config`, where ``settings``
+        compare it); returns its entries."""
         config = self.config[self.subcommand]
         if config.weights_only is False:
             raise MLMAdaptError(
@@ -186,7 +189,7 @@ class MLMAdaptCLI(LightningCLI):
         if not ckpt_path or ckpt_path in ("best", "hpc"):
             return None
         saved = checkpoint_metadata(ckpt_path)  # also refuses a crafted file before Lightning reads it
-        current = run_settings(self.model.hparams, self.datamodule.hparams, self._optimizer_config())
+        current = run_settings(self.model.hparams, self.datamodule.hparams, optimizer)
         check_settings(ckpt_path, saved, current, settings)
         return saved
 
@@ -212,14 +215,14 @@ class MLMAdaptCLI(LightningCLI):
         first among the callbacks, compares the rest once the data is set up, and the CSV log is continued
         only when the resume is accepted."""
         self._check_device_memory(training=True)
+        optimizer = self._optimizer_config()  # recorded in every checkpoint, for its resume
+        saved = self._check_checkpoint(tuple(FIXED_SETTINGS), optimizer)
         match = resume_match(self.trainer.callbacks)
-        if match is not None:  # the optimizer is recorded in every checkpoint, for its resume
+        if match is not None:
             self.trainer.callbacks.remove(match)
             self.trainer.callbacks.insert(0, match)  # its setup first: before any other callback writes
-            match.optimizer = self._optimizer_config()
-        saved = self._check_checkpoint(tuple(FIXED_SETTINGS))
-        if match is not None:
-            match.expect(self.config.fit.ckpt_path if saved is not None else None)
+            match.optimizer = optimizer
+            match.expect(self.config.fit.ckpt_path, saved)  # the entries read here, not read again
         if saved is not None:
             attach_csv_logs(self.trainer.loggers)  # writes nothing; keeps Lightning from wiping metrics.csv
 

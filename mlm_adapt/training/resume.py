@@ -31,7 +31,7 @@ from typing_extensions import override
 from mlm_adapt.data.loader_state import corpus_fingerprint
 from mlm_adapt.data.replay import check_checkpoint_state
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.model.checkpoints import callback_state, checkpoint_metadata
+from mlm_adapt.model.checkpoints import callback_state
 from mlm_adapt.training.checkpoint_files import drop_rows_after
 
 # (section, key): why it cannot change when resuming.
@@ -203,12 +203,14 @@ class ResumeMatch(L.Callback):
         self.world_size = 1
         self.streaming = False
         self.datamodule_state_key: str | None = None
-        self._expected: str | None = None
+        self._expected: tuple[str, Mapping[str, Any]] | None = None
         self._checked = False
 
-    def expect(self, checkpoint_path: str | Path | None) -> None:
-        """Names the checkpoint the coming ``fit`` resumes from, so it is compared in ``setup``."""
-        self._expected = str(checkpoint_path) if checkpoint_path else None
+    def expect(self, checkpoint_path: str | Path | None, checkpoint: Mapping[str, Any] | None) -> None:
+        """Names the checkpoint the coming ``fit`` resumes from and its entries
+        (:func:`~mlm_adapt.model.checkpoints.checkpoint_metadata`), so it is compared in ``setup``;
+        ``checkpoint`` ``None``: a new run."""
+        self._expected = (str(checkpoint_path), checkpoint) if checkpoint is not None else None
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -225,8 +227,8 @@ class ResumeMatch(L.Callback):
             self.datamodule_state_key = type(datamodule).__qualname__
         self._checked = False
         if self._expected is not None:
-            checkpoint = checkpoint_metadata(self._expected)
-            self.check(checkpoint, self._expected)
+            (checkpoint_path, checkpoint), self._expected = self._expected, None  # held no longer than this
+            self.check(checkpoint, checkpoint_path)
             drop_rows_after(trainer.loggers, _last_log_step(checkpoint))
 
     @override
