@@ -26,7 +26,7 @@ from mlm_adapt.export import HFExport
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.model.checkpoints import checkpoint_metadata
 from mlm_adapt.model.loading import check_trainer_fits
-from mlm_adapt.text.segmentation import BUILTIN_NAMES
+from mlm_adapt.text.segmentation import BUILTIN_NAMES, NOT_A_SEGMENTER
 from mlm_adapt.text.traditional import OPENCC_CONFIGS
 from mlm_adapt.training import default_callbacks, guard_user_callbacks
 from mlm_adapt.training.checkpoint_files import attach_csv_logs, resolve_resume, root_loggers
@@ -39,9 +39,12 @@ from mlm_adapt.training.resume import (
 )
 
 _GIVEN = re.compile(r"Given value: (.*)")
-_CLASS_PATH = re.compile(r"Problem with given class_path '([^']*)':\s*\n\s*(.+)")
-# jsonargparse names the class only when the value is a mapping; a class path string is the given value.
-_NOT_A_SEGMENTER = re.compile(r"Import path (?:(\S+) )?does not implement protocol")
+# jsonargparse's reason for a class_path it cannot use, and the class path when the value was a mapping (the
+# given value is the path otherwise).
+_CLASS_PATH = re.compile(
+    r"expects a function or a callable class: (.+?)(?:\.? Got value: Namespace\(class_path='([^']*)'.*)?$",
+    re.MULTILINE,
+)
 
 
 def option_error_line(message: str) -> str | None:
@@ -56,13 +59,13 @@ def option_error_line(message: str) -> str | None:
     if 'Parser key "data.segmenter"' in message:
         names = ", ".join(BUILTIN_NAMES)
         accepted = f"use a built-in name ({names}) or the class_path of a class with segment(texts)"
-        not_a_segmenter = _NOT_A_SEGMENTER.search(message)
+        not_a_segmenter = NOT_A_SEGMENTER.search(message)
         if not_a_segmenter:
-            path = not_a_segmenter.group(1) or value
+            path = not_a_segmenter.group(1)
             return f"data.segmenter: {path} has no segment(texts) method; {accepted}"
         problem = _CLASS_PATH.search(message)
         if problem:
-            path, reason = problem.group(1), problem.group(2).strip()
+            reason, path = problem.group(1).strip(), problem.group(2) or value
             return f"data.segmenter: cannot use class_path {path!r} ({reason}); {accepted}"
         return f"data.segmenter: unknown segmenter {value!r}; {accepted}"
     if 'Parser key "data.opencc"' in message:

@@ -46,7 +46,7 @@ from mlm_adapt.masking.schedule import (
 )
 from mlm_adapt.text.corpus import load_files, load_hub
 from mlm_adapt.text.files import expand_files
-from mlm_adapt.text.segmentation import BuiltinSegmenter, Segmentation, WordSegmenter
+from mlm_adapt.text.segmentation import BuiltinSegmenter, Segmentation, SegmenterFactory, segmenter_setting
 from mlm_adapt.text.tokenizer import load_tokenizer
 from mlm_adapt.text.traditional import OpenCCConfig
 
@@ -159,7 +159,8 @@ class MLMDataModule(L.LightningDataModule):
             restarting positions, and attends only to itself; the model must support it (BERT,
             RoBERTa/XLM-R, ELECTRA, ALBERT, ModernBERT) or setup refuses. See docs/recipe.md.
         segmenter: ``rjieba`` (fast) or ``jieba`` (same words), ``thulac``, ``snownlp``, ``pkuseg``, or a
-            class_path/init_args of any class whose ``segment(texts)`` words join back (docs/segmenters.md).
+            class_path/init_args of any class whose ``segment(texts)`` words join back (docs/segmenters.md);
+            in Python, the same name or ``{"class_path": ..., "init_args": {...}}`` mapping.
         hmm: Let jieba's HMM join unknown characters into words (off: both backends agree exactly).
         user_dict: A jieba user dictionary (``word [freq] [tag]`` per line) for domain terms.
         opencc: Traditional Chinese: segment a ``t2s``/``tw2s``/``hk2s``-converted copy, keep the original.
@@ -211,7 +212,7 @@ class MLMDataModule(L.LightningDataModule):
         max_seq_length: int = 512,
         packing: bool = True,
         document_attention: bool = False,
-        segmenter: BuiltinSegmenter | WordSegmenter = "rjieba",
+        segmenter: BuiltinSegmenter | SegmenterFactory = "rjieba",
         hmm: bool = False,
         user_dict: str | None = None,
         opencc: OpenCCConfig | None = None,
@@ -248,8 +249,9 @@ class MLMDataModule(L.LightningDataModule):
         )
         # Names of the validation sets, the primary one (logged as ``val/*``) first.
         self.validation_set_names = self.validation_sets.names
-        self.segmenter = Segmentation(segmenter, hmm, user_dict, opencc, built_from=self.hparams.segmenter)
-        self.hparams["segmenter"] = self.segmenter.spec  # plain values for checkpoints and the resume check
+        # The setting is the config value, which LightningCLI keeps as the hyperparameter (the argument it
+        # passes is jsonargparse's unbuilt factory); Segmentation builds the segmenter from it per process.
+        self.segmenter = Segmentation(segmenter_setting(self.hparams.segmenter), hmm, user_dict, opencc)
         self.train_dataset: datasets.Dataset | None = None
         self.train_stream: StreamingCorpus | None = None
         self.val_dataset: datasets.Dataset | None = None

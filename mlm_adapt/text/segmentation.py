@@ -5,10 +5,12 @@ Whole-word masking needs, for every text, words that concatenate back to it exac
 (:mod:`mlm_adapt.text.alignment`). Any class with ``segment(texts)`` is a segmenter (:class:`WordSegmenter`,
 ``docs/segmenters.md``); :class:`Segmentation` builds and checks the configured one.
 
-Segmenters are pickled to the DataLoader workers of streamed corpora and hashed into the blocks' cache
-fingerprint (the preprocessing workers are forked and inherit them), so none pickles a loaded model: the
-jieba backends and the built-ins build theirs once per process, and a ``class_path`` segmenter is rebuilt
-from its init args in each worker.
+``data.segmenter`` is a config value from end to end: a built-in name, or the ``class_path``/``init_args``
+that jsonargparse resolves (:data:`SegmenterFactory`: class and init args checked, nothing built). The data
+module records that value as given (hyperparameters, checkpoints, the resume check), and
+:class:`Segmentation` builds the segmenter from it, by the same jsonargparse resolution, in every process that
+segments: the command's own, and each DataLoader worker of a streamed corpus, which gets the value pickled,
+never a loaded model. The value is also what the blocks' cache fingerprint hashes.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import hashlib
 import io
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol, get_args, runtime_checkable
+from typing import Any, Literal, Protocol, TypeAlias, get_args, runtime_checkable
 
 import rjieba
 from jsonargparse import ArgumentError, ArgumentParser
@@ -44,6 +47,12 @@ class WordSegmenter(Protocol):
     def segment(self, texts: Any, /) -> Any:
         """The words of each text, in order."""
         ...
+
+
+# What a ``class_path`` segmenter parses to: jsonargparse imports the class, checks it has ``segment`` and
+# the init args against its ``__init__``, and instantiation gives a factory, not a segmenter. So the command
+# line builds nothing: the data module keeps the config value and Segmentation builds it where it segments.
+SegmenterFactory: TypeAlias = Callable[[], WordSegmenter]
 
 
 def restore_whitespace(text: str, words: list[str]) -> list[str] | None:
@@ -186,10 +195,9 @@ class JiebaSegmenter:
 
 
 # The name the class is stored under, the one it had before: its pickle names it (hashed into the blocks
-# cache's key, data/preprocess.py settings_fingerprint; unpickled by streamed corpora's workers), and so does
-# an instance's recorded class_path (_describe: hyperparameters, checkpoints, the resume check). Both read
-# ``__qualname__``, so caches and checkpoints written before stay valid, and the recorded path imports.
-# Code and the package's exports use JiebaSegmenter.
+# cache's key, data/preprocess.py settings_fingerprint; unpickled by streamed corpora's workers), so caches
+# written before stay valid, and a class_path recorded as mlm_adapt.text.segmentation.Segmenter still
+# imports. Code and the package's exports use JiebaSegmenter.
 JiebaSegmenter.__qualname__ = "Segmenter"
 Segmenter = JiebaSegmenter
 
@@ -322,15 +330,18 @@ _NO_SEGMENT = (
     "(see docs/segmenters.md)"
 )
 _NO_CHDIR = "a segmenter must not change the working directory: open its files by absolute paths"
+# How jsonargparse says a class_path names a class without ``segment`` (not SegmenterFactory's return type);
+# the command line's report (cli/fit.py) is read with it too.
+NOT_A_SEGMENTER = re.compile(r"Expected '([^']+)' to be a subclass of <class '(?:\S+\.)?WordSegmenter'>")
 
 
 def _from_class_path(spec: Mapping[str, Any]) -> Any:
-    """The segmenter a ``{"class_path", "init_args"}`` mapping names, built by LightningCLI's jsonargparse
-    resolution (import, protocol check, init args against the signature), so a mapping given in Python or
-    rebuilt in a worker behaves as on the command line; its multi-line report becomes one line here."""
+    """The segmenter a ``{"class_path", "init_args"}`` mapping names, resolved by jsonargparse as the
+    command line resolves ``data.segmenter`` (the same :data:`SegmenterFactory` type), then built; its
+    multi-line report becomes one line here."""
     name, init_args = spec["class_path"], dict(spec.get("init_args") or {})
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--segmenter", type=WordSegmenter)
+    parser.add_argument("--segmenter", type=SegmenterFactory)
     try:
         config = parser.parse_object({"segmenter": {"class_path": name, "init_args": init_args}})
     except ArgumentError as exc:
@@ -340,7 +351,7 @@ def _from_class_path(spec: Mapping[str, Any]) -> Any:
             chain.append(inner)
         cause = chain[-1]
         reason = exception_line(cause)
-        if "does not implement protocol" in reason:
+        if NOT_A_SEGMENTER.search(reason):
             raise MLMAdaptError(f"data.segmenter: {name} {_NO_SEGMENT}") from None
         if isinstance(cause, ImportError | AttributeError) or "import path" in reason:
             raise MLMAdaptError(
@@ -351,7 +362,7 @@ def _from_class_path(spec: Mapping[str, Any]) -> Any:
             f"data.segmenter: {name}(**{init_args}) failed: {reason}; check data.segmenter.init_args"
         ) from None
     try:
-        return parser.instantiate(config).segmenter
+        return parser.instantiate(config).segmenter()
     except MLMAdaptError:
         raise
     except Exception as exc:
@@ -361,15 +372,21 @@ def _from_class_path(spec: Mapping[str, Any]) -> Any:
         ) from None
 
 
-def _describe(segmenter: Any) -> Any:
-    """A config value for ``segmenter`` (the form hyperparameters, checkpoints and the resume check keep):
-    its name, or ``{"class_path", "init_args"}`` with an instance's public attributes of plain types (what a
-    segmenter usually keeps of its init args)."""
-    if isinstance(segmenter, str | Mapping):
-        return dict(segmenter) if isinstance(segmenter, Mapping) else segmenter
-    cls = type(segmenter)
-    args = {k: v for k, v in vars(segmenter).items() if not k.startswith("_") and isinstance(v, _PLAIN)}
-    return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": args}
+def segmenter_setting(value: Any) -> str | dict[str, Any]:
+    """``data.segmenter`` as the data module records it: a built-in name or a ``class_path`` mapping.
+
+    Anything else (a segmenter object, a class, a factory) is refused in one line: checkpoints, the resume
+    check and the cache fingerprint record the setting, and worker processes rebuild the segmenter from it.
+    """
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise MLMAdaptError(
+        f"data.segmenter: got a {type(value).__name__} object; give a built-in name "
+        f"({', '.join(BUILTIN_NAMES)}) or {{'class_path': 'module.Class', 'init_args': {{...}}}}, the value "
+        "a config holds: checkpoints record it and worker processes rebuild the segmenter from it"
+    )
 
 
 def _as_list(value: Any) -> list | None:
@@ -395,14 +412,11 @@ class Segmentation:
     preprocessing with one line naming it and the first offending text.
 
     Args:
-        segmenter: A built-in name, a ``{"class_path": ..., "init_args": {...}}`` mapping or a
-            :class:`WordSegmenter` instance.
+        segmenter: A built-in name, a ``{"class_path": ..., "init_args": {...}}`` mapping (built in each
+            process that segments, never pickled) or a :class:`WordSegmenter` instance (pickled as it is).
         hmm: jieba only: let its HMM join unknown characters into words.
         user_dict: jieba only: a user dictionary (``word [freq] [tag]`` per line).
         opencc: Segment an OpenCC-converted copy (``t2s``, ``tw2s``, ``hk2s``); ``None``: the text itself.
-        built_from: The name or ``class_path`` mapping an instance ``segmenter`` was built from (what
-            LightningCLI keeps as the hyperparameter; ignored otherwise): worker processes rebuild it from
-            that instead of pickling it.
     """
 
     def __init__(
@@ -411,20 +425,20 @@ class Segmentation:
         hmm: bool = False,
         user_dict: str | None = None,
         opencc: str | None = None,
-        built_from: str | Mapping[str, Any] | None = None,
     ) -> None:
         given = isinstance(segmenter, str | Mapping)
-        if given or not isinstance(built_from, str | Mapping):
-            built_from = None
-        # An instance without ``built_from`` cannot be rebuilt: it is pickled (and hashed) itself.
-        self._rebuildable = given or built_from is not None
-        self.spec = _describe(built_from if built_from is not None else segmenter)
+        # Only a config value can be rebuilt; an instance is pickled (and hashed) itself.
+        self._rebuildable = given
+        self.spec: str | dict[str, Any] | None = segmenter_setting(segmenter) if given else None
         if isinstance(self.spec, dict) and not isinstance(self.spec.get("class_path"), str):
             raise MLMAdaptError(
                 f"data.segmenter: {self.spec} has no class_path; give a built-in name "
                 f"({', '.join(BUILTIN_NAMES)}) or {{class_path: module.Class, init_args: {{...}}}}"
             )
-        self.name = self.spec if isinstance(self.spec, str) else self.spec["class_path"]
+        if self.spec is None:
+            self.name = f"{type(segmenter).__module__}.{type(segmenter).__qualname__}"
+        else:
+            self.name = self.spec if isinstance(self.spec, str) else self.spec["class_path"]
         if (hmm or user_dict) and self.name not in JIEBA_BACKENDS:
             raise MLMAdaptError(
                 f"data.hmm/data.user_dict apply to rjieba and jieba, not {self.name}; "
@@ -477,11 +491,12 @@ class Segmentation:
 
     def _run(self, texts: list[str]) -> Any:
         first = texts[0] if texts else ""
-        if isinstance(self.spec, dict) and self._probed != os.getpid():
+        if not isinstance(self.spec, str) and self._probed != os.getpid():
             # User code's first call in each process runs in a probe first: an os._exit there, which no
             # handler sees, would end the command with status 0 and nothing published (guard.user_code).
             self._probed = os.getpid()
-            if ended := ends_process(lambda: self.segmenter.segment(texts)):
+            segmenter = self.segmenter  # built here, once: not again in the probe's copy of the process
+            if ended := ends_process(lambda: segmenter.segment(texts)):
                 raise self._fail(ended, first, "a segmenter must return words, never end the process")
         try:
             with same_directory(lambda change: self._fail(change, first, _NO_CHDIR)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,32 @@ def test_held_out_split_is_deterministic_and_near_the_fraction(review_texts):
     flags = [is_held_out(t, 0.2, seed=1) for t in review_texts]
     assert flags == [is_held_out(t, 0.2, seed=1) for t in review_texts]
     assert 0.12 < sum(flags) / len(flags) < 0.28
+
+
+class PidRecordingSegmenter:
+    """Characters as words; every build appends its process id to ``log`` (a user class-path segmenter)."""
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+        with open(log, "a", encoding="utf-8") as out:
+            out.write(f"{os.getpid()}\n")
+
+    def segment(self, texts: list[str]) -> list[list[str]]:
+        return [list(text) for text in texts]
+
+
+@pytest.mark.slow
+def test_streaming_workers_build_a_class_path_segmenter_from_its_config_value(two_file_datamodule, tmp_path):
+    """The data module records the mapping as given; a DataLoader worker that gets the data pickled (spawn,
+    forkserver: the default start methods of macOS and Python 3.14) builds its own segmenter from that
+    value, and no built segmenter is pickled."""
+    log = tmp_path / "builds.txt"
+    spec = {"class_path": f"{__name__}.PidRecordingSegmenter", "init_args": {"log": str(log)}}
+    dm = two_file_datamodule(num_workers=2, shuffle_buffer_size=0, segmenter=spec)
+    assert dm.hparams.segmenter == spec
+    assert log.read_text(encoding="utf-8").split() == [str(os.getpid())]  # built once, by the data module
+    loader = dm.train_dataloader()
+    loader.multiprocessing_context = "spawn"
+    assert next(iter(loader))["input_ids"].shape[0] == 4
+    builds = log.read_text(encoding="utf-8").split()[1:]
+    assert len(builds) == 2 and len(set(builds)) == 2 and str(os.getpid()) not in builds, builds

@@ -158,12 +158,34 @@ def test_class_path_segmenter_is_rebuilt_from_its_init_args_in_pickles_and_finge
     assert first.spec == spec
 
 
-def test_instance_is_described_by_class_and_plain_attributes():
+def test_instance_is_pickled_as_it_is_and_named_by_its_class():
+    """An instance has no config value to rebuild it from: it travels (and is hashed) as itself."""
     segmentation = Segmentation(_Chars("z"))
-    assert segmentation.spec == {"class_path": f"{__name__}._Chars", "init_args": {"tag": "z"}}
-    built_from = {"class_path": f"{__name__}._Chars", "init_args": {"tag": "z"}}
-    built = Segmentation(_Chars("z"), built_from=built_from)
-    assert built.__getstate__()["_segmenter"] is None
+    assert segmentation.name == f"{__name__}._Chars" and segmentation.spec is None
+    assert isinstance(segmentation.__getstate__()["_segmenter"], _Chars)
+    restored = pickle.loads(pickle.dumps(segmentation))
+    assert restored.segmenter.tag == "z" and restored("北京") == ["北", "京"]
+
+
+@pytest.mark.parametrize(
+    "given", [_Chars("z"), _Chars, lambda: _Chars("z")], ids=["instance", "class", "factory"]
+)
+def test_data_module_records_the_config_value_and_refuses_objects(
+    given, tiny_model_dir, corpus_file, tmp_path
+):
+    """The data module's setting is what a config holds: recorded as given, built by Segmentation; an
+    object (which no checkpoint can record, nor a worker rebuild) is refused in one line."""
+    from conftest import make_datamodule
+
+    spec = {"class_path": f"{__name__}._Chars", "init_args": {"tag": "z"}}
+    datamodule = make_datamodule(tiny_model_dir, corpus_file, tmp_path, segmenter=spec)
+    assert datamodule.hparams.segmenter == spec
+    assert type(datamodule.segmenter.segmenter) is _Chars and datamodule.segmenter.segmenter.tag == "z"
+    with pytest.raises(MLMAdaptError) as refused:
+        make_datamodule(tiny_model_dir, corpus_file, tmp_path, segmenter=given)
+    message = str(refused.value)
+    assert message.startswith(f"data.segmenter: got a {type(given).__name__} object; give a built-in name")
+    assert "\n" not in message and "'class_path': 'module.Class'" in message
 
 
 class _Raises:
