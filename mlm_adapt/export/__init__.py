@@ -5,21 +5,11 @@ The names below are imported on first use, so that reaching a light module of th
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from mlm_adapt.lazy_exports import lazy_exports
 
 # Public name -> the module that defines it.
 _EXPORTS = {"ExportOptions": "mlm_adapt.export.options", "HFExport": "mlm_adapt.export.callback"}
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value  # once: later lookups are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
