@@ -13,7 +13,19 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mlm_adapt"
 # The data flow, first to last; a module may import its own layer and those before it.
-LAYERS = ("errors", "guard", "text", "masking", "data", "model", "downstream", "training", "export", "cli")
+LAYERS = (
+    "lazy_exports",
+    "errors",
+    "guard",
+    "text",
+    "masking",
+    "data",
+    "model",
+    "downstream",
+    "training",
+    "export",
+    "cli",
+)
 
 
 def _layer(module: str) -> str | None:
