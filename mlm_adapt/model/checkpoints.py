@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +134,7 @@ def module_from_checkpoint(
     return module.eval()
 
 
-def callback_state(checkpoint: dict[str, Any], name: str) -> dict[str, Any]:
+def callback_state(checkpoint: Mapping[str, Any], name: str) -> dict[str, Any]:
     """The saved state of the callback whose class is called ``name`` (empty if it was not in the run)."""
     for state_key, state in (checkpoint.get("callbacks") or {}).items():
         if state_key == name or state_key.startswith(name + "{"):

@@ -324,7 +324,6 @@ class PkusegSegmenter(_LazyModel):
 BuiltinSegmenter = Literal["rjieba", "jieba", "thulac", "snownlp", "pkuseg"]
 BUILTIN_NAMES = get_args(BuiltinSegmenter)
 BUILTIN_CLASSES = {"thulac": ThulacSegmenter, "snownlp": SnownlpSegmenter, "pkuseg": PkusegSegmenter}
-_PLAIN = (str, int, float, bool, type(None))
 _NO_SEGMENT = (
     "has no segment(texts) method; a segmenter maps a list of texts to a list of word lists "
     "(see docs/segmenters.md)"
@@ -427,7 +426,8 @@ class Segmentation:
         opencc: str | None = None,
     ) -> None:
         given = isinstance(segmenter, str | Mapping)
-        # Only a config value can be rebuilt; an instance is pickled (and hashed) itself.
+        # Only a config value can be rebuilt; an instance is pickled (and hashed) itself. Derivable from
+        # ``spec``, but kept: block caches are keyed by this object's pickled state, written with it.
         self._rebuildable = given
         self.spec: str | dict[str, Any] | None = segmenter_setting(segmenter) if given else None
         if isinstance(self.spec, dict) and not isinstance(self.spec.get("class_path"), str):

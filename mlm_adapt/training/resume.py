@@ -88,27 +88,26 @@ def _sections(value: Any) -> dict[str, dict[str, Any]]:
 
 def saved_record(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     """What a checkpoint records of its run: ``{"settings": sections, "corpus_fingerprint", "world_size"}``
-    (an entry the checkpoint lacks is ``None``: not compared)."""
-    record = callback_state(dict(checkpoint), ResumeMatch.__name__)
+    (an entry the checkpoint lacks, or one of the wrong type, is ``None``: not compared; a world size that is
+    not a positive integer, crafted, is taken as unchanged)."""
+    record = callback_state(checkpoint, ResumeMatch.__name__)
     if not record:  # written before ResumeMatch kept the record
-        record = callback_state(dict(checkpoint), "ExactResume")
+        record = callback_state(checkpoint, "ExactResume")
         record[SETTINGS_KEY] = {
             "model": checkpoint.get("hyper_parameters") or {},
             "data": checkpoint.get("datamodule_hyper_parameters") or {},
         }
+    corpus, world = record.get(CORPUS_KEY), record.get(WORLD_KEY)
     return {
         SETTINGS_KEY: _sections(record.get(SETTINGS_KEY)),
-        CORPUS_KEY: record.get(CORPUS_KEY) if isinstance(record.get(CORPUS_KEY), str) else None,
-        WORLD_KEY: record.get(WORLD_KEY),
+        CORPUS_KEY: corpus if isinstance(corpus, str) else None,
+        WORLD_KEY: world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else None,
     }
 
 
 def saved_world_size(checkpoint: Mapping[str, Any]) -> int | None:
-    """The number of ranks that wrote ``checkpoint``; ``None`` when not recorded (older versions) or not a
-    positive integer (crafted): then taken as unchanged."""
-    saved = saved_record(checkpoint)[WORLD_KEY]
-    valid = isinstance(saved, int) and not isinstance(saved, bool) and saved > 0
-    return saved if valid else None
+    """The number of ranks that wrote ``checkpoint`` (see :func:`saved_record`); ``None``: unchanged."""
+    return saved_record(checkpoint)[WORLD_KEY]
 
 
 def _same(key: str, saved: Any, current: Any) -> bool:
@@ -248,7 +247,7 @@ class ResumeMatch(L.Callback):
         conflicts = resume_conflicts(saved, current)
         if conflicts:
             raise MLMAdaptError(conflict_message(checkpoint_path, conflicts))
-        saved_world = saved_world_size(checkpoint)
+        saved_world = record[WORLD_KEY]
         if self.streaming and saved_world not in (None, self.world_size):
             raise MLMAdaptError(
                 f"trainer.devices: the checkpoint was written by {saved_world} ranks and a "

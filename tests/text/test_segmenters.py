@@ -167,20 +167,23 @@ def test_instance_is_pickled_as_it_is_and_named_by_its_class():
     assert restored.segmenter.tag == "z" and restored("北京") == ["北", "京"]
 
 
-@pytest.mark.parametrize(
-    "given", [_Chars("z"), _Chars, lambda: _Chars("z")], ids=["instance", "class", "factory"]
-)
-def test_data_module_records_the_config_value_and_refuses_objects(
-    given, tiny_model_dir, corpus_file, tmp_path
-):
-    """The data module's setting is what a config holds: recorded as given, built by Segmentation; an
-    object (which no checkpoint can record, nor a worker rebuild) is refused in one line."""
+def test_data_module_records_the_config_value_and_builds_it(tiny_model_dir, corpus_file, tmp_path):
+    """The data module's setting is what a config holds: recorded as given, built by Segmentation."""
     from conftest import make_datamodule
 
     spec = {"class_path": f"{__name__}._Chars", "init_args": {"tag": "z"}}
     datamodule = make_datamodule(tiny_model_dir, corpus_file, tmp_path, segmenter=spec)
     assert datamodule.hparams.segmenter == spec
     assert type(datamodule.segmenter.segmenter) is _Chars and datamodule.segmenter.segmenter.tag == "z"
+
+
+@pytest.mark.parametrize(
+    "given", [_Chars("z"), _Chars, lambda: _Chars("z")], ids=["instance", "class", "factory"]
+)
+def test_data_module_refuses_a_segmenter_object(given, tiny_model_dir, corpus_file, tmp_path):
+    """An object, which no checkpoint can record nor a worker rebuild, is refused in one line."""
+    from conftest import make_datamodule
+
     with pytest.raises(MLMAdaptError) as refused:
         make_datamodule(tiny_model_dir, corpus_file, tmp_path, segmenter=given)
     message = str(refused.value)
