@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import threading
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -22,28 +21,14 @@ from types import FrameType
 DEBUG_ENV = "MLM_ADAPT_DEBUG"
 DEBUG_HINT = f"rerun with --debug or {DEBUG_ENV}=1 for the traceback"
 
-# Lightning checks its arguments with these too (a strategy that needs a GPU, a val_check_interval longer
-# than the epoch, a --ckpt_path that does not exist): user errors when Lightning's own code raised them.
-_LIGHTNING_ARGUMENT_ERRORS = (ValueError, FileNotFoundError)
-_LIGHTNING_PACKAGES = ("lightning", "lightning_fabric", "pytorch_lightning")
-# Local variables that name the file being written, most specific first: what a full disk is reported on
-# when the writer (torch.save, fsspec, safetensors, pyarrow) does not say it.
-_PATH_LOCALS = ("filepath", "filename", "path", "target", "save_directory", "file", "f", "fname")
-
 
 class MLMAdaptError(Exception):
     """A problem with the user's configuration or data: the CLI prints the message alone and exits with
     status 2, so it must say which file or config key is wrong and what to do about it."""
 
 
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, as the CLI's SIGINT handler raises it; any other ``KeyboardInterrupt`` (or ``SystemExit``)
-    reaching a boundary of user code (:func:`user_code`) was raised by that code: its failure, not a stop."""
-
-
 class Stopped(SystemExit):
-    """The exit (``128 + signal``) a stop signal raises outside training (SIGTERM, SIGUSR1); like
-    :class:`Interrupted`, it passes every boundary of user code as the stop it is."""
+    """The exit (``128 + signal``) a stop signal raises outside training (SIGTERM, SIGUSR1)."""
 
 
 class StopState:
@@ -125,18 +110,16 @@ def raised(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def user_code(who: str, hint: str) -> Iterator[None]:
-    """The boundary around user code (a class-path callback's hook, a task type's reader).
-
-    A ``SystemExit``, ``KeyboardInterrupt`` or other ``BaseException`` it raises is its failure, never a stop
-    or a success: one :class:`MLMAdaptError` "``who`` called exit(0); ``hint``". A stop signal's own
-    exceptions (:class:`Interrupted`, :class:`Stopped`) pass, and so does every ``Exception`` (its
-    traceback is the user's bug report).
-    """
+    """Runs user code (a task type's reader) as written: its exception is one :class:`MLMAdaptError`,
+    "``who`` raised X: message; ``hint``" (``--debug`` shows the traceback). What else it does to the
+    process (an exit, a chdir) is its own."""
     try:
         yield
-    except (Exception, Interrupted, Stopped, GeneratorExit):
+    except MLMAdaptError:
         raise
-    except BaseException as exc:
+    except Exception as exc:
+        if debug_enabled():
+            raise
         raise MLMAdaptError(f"{who} {raised(exc)}; {hint}") from None
 
 
@@ -163,32 +146,13 @@ def is_disk_full(exc: BaseException) -> bool:
     )
 
 
-def _as_path(value: object) -> str | None:
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)  # type: ignore[return-value]
-    if isinstance(value, str) and value and not value.startswith("<"):
-        return value
-    name = getattr(value, "name", None)  # an open file
-    return name if isinstance(name, str) and not name.startswith("<") else None
-
-
 def written_path(exc: BaseException) -> str | None:
-    """The file being written when ``exc`` happened: its ``filename``, else the innermost frame naming one."""
+    """The file being written when ``exc`` happened, where an error in its chain names one (the outputs
+    module names the user's path for everything it writes)."""
     for item in _chain(exc):
         if isinstance(item, OSError) and item.filename:
             return os.fspath(item.filename)
-    for frame, _ in reversed(list(traceback.walk_tb(exc.__traceback__))):
-        for name in _PATH_LOCALS:
-            path = _as_path(frame.f_locals.get(name))
-            if path is not None:
-                return path
     return None
-
-
-def _raised_by_lightning(exc: BaseException) -> bool:
-    frames = list(traceback.walk_tb(exc.__traceback__))
-    module = str(frames[-1][0].f_globals.get("__name__", "")) if frames else ""
-    return module.split(".")[0] in _LIGHTNING_PACKAGES
 
 
 def exception_line(exc: BaseException) -> str:
@@ -210,30 +174,11 @@ def _first_line(text: str) -> str:
 MAX_PARSER_MESSAGE = 400
 
 
-def _parser_failure(exc: BaseException) -> str | None:
-    """What jsonargparse raises without wrapping it as an ``ArgumentError``, as one line naming the option:
-    a number too large for a float option (``--model.warmup=1`` followed by 400 zeros), a ``--config``
-    file that is not text."""
-    if isinstance(exc, OverflowError):
-        reason = f"the number is too large ({exception_line(exc)}); give a smaller one"
-    elif isinstance(exc, UnicodeDecodeError):
-        reason = f"the file is not UTF-8 text ({exception_line(exc)}); give a YAML file"
-    else:
-        return None
-    for frame, _ in reversed(list(traceback.walk_tb(exc.__traceback__))):
-        action = frame.f_locals.get("self")
-        in_parser = str(frame.f_globals.get("__name__", "")).startswith("jsonargparse")
-        if in_parser and isinstance(action, argparse.Action):
-            return f'Parser key "{action.dest}": {reason}'
-    return None
-
-
 def parser_message(exc: BaseException) -> str | None:
-    """A command-line parser error (argparse/jsonargparse ``ArgumentError``, or what jsonargparse raises
-    unwrapped: :func:`_parser_failure`) as one line, else ``None``."""
-    failure = _parser_failure(exc)
-    if failure is not None:
-        return failure
+    """A command-line parser error (argparse/jsonargparse ``ArgumentError``, or the ``OverflowError``
+    jsonargparse lets through for a number no float holds) as one line, else ``None``."""
+    if isinstance(exc, OverflowError):
+        return f"a number on the command line or in the config is too large ({exception_line(exc)})"
     if not isinstance(exc, argparse.ArgumentError):
         return None
     text = re.sub(r"\s+", " ", str(exc)).strip() or "invalid arguments"
@@ -255,8 +200,7 @@ def user_message(exc: BaseException) -> tuple[str, int] | None:
         path = written_path(exc)
         where = f" writing {path}" if path else ""
         return f"no space left on device{where}; free some space there or write elsewhere", 1
-    lightning_argument = isinstance(exc, _LIGHTNING_ARGUMENT_ERRORS) and _raised_by_lightning(exc)
-    if "MisconfigurationException" in names or lightning_argument:
+    if "MisconfigurationException" in names:
         return _first_line(str(exc)), 2
     if "OutOfMemoryError" in names:
         return f"{_first_line(str(exc))} (lower data.batch_size or data.max_seq_length)", 1

@@ -21,9 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import jsonargparse
 import yaml
 from jsonargparse import ArgumentParser
 
@@ -44,7 +43,6 @@ from mlm_adapt.errors import (
     DEBUG_ENV,
     DEBUG_HINT,
     STOP,
-    Interrupted,
     MLMAdaptError,
     check_checkpoint_path,
     debug_enabled,
@@ -54,8 +52,6 @@ from mlm_adapt.errors import (
     user_message,
 )
 from mlm_adapt.export.options import ExportOptions
-from mlm_adapt.guard.outputs import forget_published, missing_published
-from mlm_adapt.guard.yaml_limits import check_yaml_expansion
 
 
 @dataclass(kw_only=True, eq=False)
@@ -148,7 +144,7 @@ COMMANDS: dict[str, Command] = {name: Command(_RUNS[name], text) for name, text 
 @contextmanager
 def stop_signals() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGUSR1 end any command with one line and ``128 + signal``: during training
-    SIGTERM/SIGUSR1 first checkpoint (:mod:`mlm_adapt.training.signals`); SIGINT raises :class:`Interrupted`,
+    SIGTERM/SIGUSR1 first checkpoint (:mod:`mlm_adapt.training.signals`); SIGINT raises ``KeyboardInterrupt``,
     so that Lightning's graceful shutdown and every ``finally`` (staging directories, locks) still run."""
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     install_stop_handlers()
@@ -164,7 +160,7 @@ def stop_signals() -> Iterator[None]:
 
 def _interrupt(signum: int, _frame: FrameType | None) -> None:
     STOP.signum = STOP.signum or signum
-    raise Interrupted()
+    raise KeyboardInterrupt
 
 
 def _child_signals() -> None:
@@ -187,27 +183,9 @@ def _stopped(command: str) -> None:
     sys.exit(STOP.exit_code)
 
 
-def bound_yaml() -> None:
-    """Every YAML jsonargparse loads (``--config`` files, values) passes
-    :func:`~mlm_adapt.guard.loads.check_yaml_expansion`."""
-    load = jsonargparse.get_loader("yaml")
-    if getattr(load, "bounded", False):
-        return
-
-    def load_bounded(text: str) -> Any:
-        if isinstance(text, str):
-            check_yaml_expansion(text)
-        return load(text)
-
-    load_bounded.bounded = True  # type: ignore[attr-defined]
-    # The exceptions jsonargparse expects from its YAML loader (it then treats the value as a string).
-    jsonargparse.set_loader("yaml", load_bounded, exceptions=(yaml.YAMLError,))
-
-
 def _run(entry: Callable[[list[str]], object], args: list[str], usage: str) -> None:
     # No signal recorded, whatever an earlier command in this process (from Python, in tests) received.
     STOP.reset()
-    forget_published()
     command = usage or "mlm_adapt"
     with stop_signals():
         try:
@@ -215,7 +193,7 @@ def _run(entry: Callable[[list[str]], object], args: list[str], usage: str) -> N
                 entry(args)  # every exception with its traceback
             else:
                 _report_user_errors(entry, args, usage)
-        except KeyboardInterrupt:  # Ctrl-C (a KeyboardInterrupt from user code is its error, reported there)
+        except KeyboardInterrupt:  # Ctrl-C
             STOP.signum = STOP.signum or signal.SIGINT
             _stopped(command)
         except (SystemExit, Exception):
@@ -225,24 +203,11 @@ def _run(entry: Callable[[list[str]], object], args: list[str], usage: str) -> N
             _stopped(command)
         if STOP.signum is not None:  # a signal during the export after training, say
             _stopped(command)
-        _check_published(command)
-
-
-def _check_published(command: str) -> None:
-    """Exit 0 only when what the command published is there: its manifest or export marker."""
-    missing = missing_published()
-    if missing:
-        output, proof = missing[0]
-        print(
-            f"mlm_adapt: error: {command} published {output}, but its {proof.name} is missing; nothing there "
-            "can be trusted: remove it and run the same command again",
-            file=sys.stderr,
-        )
-        sys.exit(1)
 
 
 def _report_user_errors(entry: Callable[[list[str]], object], args: list[str], usage: str) -> None:
     try:
+        check_config_files(args)
         entry(args)
     except Exception as exc:
         if STOP.signum is not None:
@@ -276,14 +241,19 @@ def _fit_cli(args: list[str]) -> None:
 def _trainer_command(args: list[str]) -> None:
     if cacheable(args, TRAINER_COMMANDS):  # the help, once built, without building the parser again
         cached_help(args[0], lambda: _fit_cli(args))
-    check_config_files(args)
     _fit_cli(args)
 
 
 def check_config_files(args: list[str]) -> None:
-    """Refuses a ``--config``/``-c`` that is neither a file nor a YAML mapping, before LightningCLI's parser
-    (the training stack) is built, with the line that parser would print."""
+    """Refuses a ``--config``/``-c`` that is neither a UTF-8 file nor a YAML mapping, before LightningCLI's
+    parser (the training stack) is built, with the line that parser would print."""
     for _, value in given_flags(args, ("--config", "-c")):
+        if os.path.isfile(value):
+            try:
+                Path(value).read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise MLMAdaptError(f"--config: {value} is not UTF-8 text; give a YAML file") from None
+            continue
         if os.path.exists(value):
             continue
         try:
@@ -323,7 +293,6 @@ def main(args: list[str] | None = None) -> None:
     if not args or args[0] in ("-h", "--help"):
         print(usage(), end="")  # every command with its purpose, without importing any of them
         sys.exit(0)
-    bound_yaml()
     if args[0] in COMMANDS:
         if from_argv:
             # The command gets its arguments explicitly; the LightningCLI-based ones (preview, vocab) would

@@ -28,7 +28,6 @@ from jsonargparse import ArgumentParser
 from mlm_adapt.cli.usage import OTHER_COMMANDS, PROG
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.outputs import Output, check_output, refuse_same_outputs, write_text
-from mlm_adapt.guard.yaml_limits import check_yaml_expansion
 from mlm_adapt.text.files import expand_files
 
 if TYPE_CHECKING:  # annotations only: torch and transformers are imported when a command runs
@@ -111,10 +110,8 @@ def corpus_settings(args: list[str]) -> dict[str, Any] | None:
                 return None
             value, i = args[i], i + 1
         try:
-            check_yaml_expansion(value)
             if name in ("-c", "--config"):
                 text = Path(value).read_text(encoding="utf-8")
-                check_yaml_expansion(text)
                 data = (yaml.safe_load(text) or {}).get("data", {})
                 if not isinstance(data, dict):
                     return None

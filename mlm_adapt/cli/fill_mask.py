@@ -3,19 +3,15 @@
 torch, transformers and the model's loading are imported when the command runs: ``--help`` and a refused
 option answer at once."""
 
-import os
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-import yaml
 from jsonargparse import auto_cli
 
-from mlm_adapt.cli.usage import given_flags
 from mlm_adapt.errors import MLMAdaptError, check_checkpoint_path, check_model_path
-from mlm_adapt.guard.yaml_limits import check_yaml_expansion
 
 # Annotations only, quoted: jsonargparse evaluates postponed annotations (and so runs a TYPE_CHECKING block)
 # of the module whose function it reads, which would import them with --help.
@@ -25,8 +21,6 @@ if TYPE_CHECKING:
 
 # The values of ``model.mask_attention`` (fit), with the column label each prints under.
 MODES = {"attend": "[MASK] attended", "exclude": "[MASK] not attended"}
-# What --mask_attention took before it shared fit's vocabulary: refused with the name that replaced it.
-RENAMED_MODES = {"none": "attend", "zero": "exclude"}
 
 
 @dataclass
@@ -92,7 +86,6 @@ def predict(
     from mlm_adapt.model.loading import position_limit  # noqa: PLC0415 - loaded with the model
     from mlm_adapt.text.tokenizer import join_pieces, piece_text  # noqa: PLC0415
 
-    check_mode(mask_attention)
     if mask_attention not in MODES:
         raise ValueError(f"mask_attention={mask_attention!r}: use one of {', '.join(MODES)}")
     # verbose=False: the length is checked here, against what the model can index, in one line.
@@ -211,33 +204,6 @@ def fill_mask(
     print(render(text, results))
 
 
-def check_mode(value: object) -> None:
-    """Refuses a ``--mask_attention`` value of the old vocabulary (``none``, ``zero``), naming its new one."""
-    if isinstance(value, str) and value in RENAMED_MODES:
-        raise MLMAdaptError(f"--mask_attention: {value!r} is now {RENAMED_MODES[value]!r}")
-
-
-def given_modes(args: list[str]) -> Iterator[object]:
-    """The ``--mask_attention`` values of the command line and of its ``--config`` files (or inline YAML):
-    read before the parser, whose own refusal of an old value would not name the new one."""
-    for name, value in given_flags(args, ("--mask_attention", "--config")):
-        if name == "--mask_attention":
-            yield value
-            continue
-        try:
-            if os.path.isfile(value):
-                with open(value, encoding="utf-8") as file:
-                    value = file.read()
-            check_yaml_expansion(value)
-            config = yaml.safe_load(value)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue  # the parser reports the file
-        if isinstance(config, dict) and "mask_attention" in config:
-            yield config["mask_attention"]
-
-
 def fill_mask_main(args: list[str]) -> None:
     """``python -m mlm_adapt fill-mask``."""
-    for value in given_modes(args):
-        check_mode(value)
     auto_cli(fill_mask, args=args, prog="python -m mlm_adapt fill-mask", exit_on_error=False)

@@ -19,7 +19,7 @@ from typing_extensions import override
 
 from mlm_adapt.cli.usage import ABOUT
 from mlm_adapt.data import MLMDataModule
-from mlm_adapt.data.forgetting import ForgettingOptions, renamed_key_line
+from mlm_adapt.data.forgetting import ForgettingOptions
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
@@ -28,7 +28,7 @@ from mlm_adapt.model.checkpoints import checkpoint_metadata
 from mlm_adapt.model.loading import check_trainer_fits
 from mlm_adapt.text.segmentation import BUILTIN_NAMES, NOT_A_SEGMENTER
 from mlm_adapt.text.traditional import OPENCC_CONFIGS
-from mlm_adapt.training import default_callbacks, guard_user_callbacks
+from mlm_adapt.training import default_callbacks
 from mlm_adapt.training.checkpoint_files import attach_csv_logs, resolve_resume, root_loggers
 from mlm_adapt.training.resume import (
     FIXED_SETTINGS,
@@ -49,11 +49,7 @@ _CLASS_PATH = re.compile(
 
 def option_error_line(message: str) -> str | None:
     """One line for jsonargparse's union report on ``data.segmenter``/``data.opencc`` (else ``None``): which
-    value, why, and what is accepted, instead of the usage and a dozen lines about every union member; and
-    for an old ``data.forgetting_*`` key, the ``forgetting.*`` key that replaced it."""
-    renamed = renamed_key_line(message)
-    if renamed is not None:
-        return renamed
+    value, why, and what is accepted, instead of the usage and a dozen lines about every union member."""
     given = _GIVEN.search(message)
     value = given.group(1).strip() if given else "?"
     if 'Parser key "data.segmenter"' in message:
@@ -254,9 +250,7 @@ class MLMAdaptCLI(LightningCLI):
             progress_bar=trainer_config.get("enable_progress_bar") is not False,
             logger=trainer_config.get("logger") not in (False, []),
         )
-        trainer = super().instantiate_trainer(**kwargs)
-        guard_user_callbacks(trainer.callbacks)  # their exit() or KeyboardInterrupt is their failure
-        return trainer
+        return super().instantiate_trainer(**kwargs)
 
 
 class DataOnlyCLI(MLMAdaptCLI):

@@ -9,8 +9,7 @@ for. Any change is a new key, so a stale help is never shown. Only a bare ``COMM
 cached: with ``--config`` the help shows that file's values as defaults.
 
 The cache lives in ``$MLM_ADAPT_HELP_CACHE`` (empty: no cache), else ``$XDG_CACHE_HOME/mlm_adapt/help`` or
-``~/.cache/mlm_adapt/help``: a directory of the user's own (mode 0700; one owned by another user, or a
-symlink, is not used). A file is written under a unique name and renamed into place, so two commands
+``~/.cache/mlm_adapt/help``. A file is written under a unique name and renamed into place, so two commands
 writing at once, or one interrupted, never leave half a help to the next.
 """
 
@@ -21,7 +20,6 @@ import hashlib
 import io
 import os
 import shutil
-import stat
 import sys
 from collections.abc import Callable, Collection
 from importlib import metadata
@@ -69,37 +67,18 @@ def help_key(command: str) -> str:
     return digest.hexdigest()[:32]
 
 
-def _private_dir(directory: Path) -> bool:
-    """Makes ``directory`` (0700) if needed; whether it is a real directory of this user's, not a symlink,
-    that no one else may write to."""
-    with contextlib.suppress(OSError):
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        info = os.lstat(directory)
-    except OSError:
-        return False
-    mine = not hasattr(os, "getuid") or info.st_uid == os.getuid()
-    return stat.S_ISDIR(info.st_mode) and mine and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
 def _read(path: Path) -> str | None:
     try:
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
         return None
-    with os.fdopen(descriptor, encoding="utf-8") as handle:
-        try:
-            return handle.read()
-        except (OSError, UnicodeDecodeError):
-            return None
 
 
 def _store(path: Path, text: str) -> None:
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        with os.fdopen(os.open(partial, flags, 0o600), "w", encoding="utf-8") as handle:
-            handle.write(text)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(text, encoding="utf-8")
         os.replace(partial, path)
     except OSError:  # a full or read-only disk: the help was shown, only not kept
         with contextlib.suppress(OSError):
@@ -110,8 +89,7 @@ def cached_help(command: str, render: Callable[[], object]) -> None:
     """Prints ``command``'s help from the cache, or renders it with ``render`` (which prints it and exits
     0, as argparse does) and keeps it; exits 0 either way."""
     directory = cache_dir()
-    usable = directory is not None and _private_dir(directory)
-    path = directory / f"{command}-{help_key(command)}.txt" if usable else None
+    path = directory / f"{command}-{help_key(command)}.txt" if directory is not None else None
     text = _read(path) if path is not None else None
     if text is None:
         buffer = io.StringIO()

@@ -23,7 +23,6 @@ from mlm_adapt.data.preprocess import BLOCK_FEATURES, AnyDataset, drop_empty, to
 from mlm_adapt.data.replay import (
     IDLE_REPLAY,
     Replay,
-    check_checkpoint_state,
     parse_mix_rate,
     replay_settings,
     replay_summary,
@@ -532,13 +531,12 @@ class MLMDataModule(L.LightningDataModule):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """A checkpoint's replay state and segments, each checked before anything is used (one line for an
-        altered one); a replay setting that differs from the checkpoint's last segment is one line naming
-        the old and new values, and a new segment from the checkpoint's step (the card reports each).
-        Checkpoints of earlier versions hold no segments: the run is then one segment."""
-        replay_state, segments = check_checkpoint_state(state_dict)
-        if segments is not None:
-            self.replay_segments = self._resumed_segments(segments, state_dict.get("step"), replay_state)
+        """A checkpoint's replay state and segments; a replay setting that differs from the checkpoint's last
+        segment is one line naming the old and new values, and a new segment from the checkpoint's step (the
+        card reports each)."""
+        replay_state = state_dict.get("replay")
+        segments = state_dict["replay_segments"]
+        self.replay_segments = self._resumed_segments(segments, state_dict["step"], replay_state)
         self._replay_state = replay_state
         if self.replay is not None and replay_state is not None:
             self.replay.load_state_dict(replay_state)

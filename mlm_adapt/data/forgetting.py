@@ -1,38 +1,16 @@
 """The ``forgetting:`` options (``--forgetting.*``): the warning on a general set's rise, and the budget with
 its checks. The data module holds them (its replay moves the mix rate under the budget) and the training
 callbacks read them from there, typed; they are checked here, once.
-
-Before they were a group they were data module options (``data.forgetting_budget``, ...): such a key is
-refused with the one that replaced it (:func:`renamed_key_line`), and a checkpoint's data hyperparameters
-are read in either form (:func:`forgetting_of`).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from mlm_adapt.errors import MLMAdaptError
-
-# ``data.<old key>`` -> the field of ForgettingOptions that replaced it (``forgetting.<field>``).
-RENAMED_KEYS = {
-    "forgetting_warning": "warning",
-    "forgetting_budget": "budget",
-    "forgetting_check_interval": "check_interval",
-    "forgetting_check_batches": "check_batches",
-}
-# How jsonargparse names a key it does not know: on the command line (``unrecognized arguments: ...``),
-# in a config (``Subcommand 'fit' does not accept option 'data.KEY'``) and in a ``--data`` mapping
-# (``Group 'data' does not accept option 'KEY'``).
-_UNKNOWN_KEY = re.compile(
-    r"unrecognized arguments:.*?--data\.(forgetting_\w+)"
-    r"|does not accept option '(?:[\w.]*\.)?data\.(forgetting_\w+)'"
-    r"|Group '(?:[\w.]*\.)?data' does not accept option '(forgetting_\w+)'",
-    re.DOTALL,
-)
 
 
 def check_rise_limit(value: float | None, key: str) -> None:
@@ -97,25 +75,6 @@ def as_forgetting(value: ForgettingOptions | Mapping[str, Any] | None) -> Forget
     if unknown:
         raise MLMAdaptError(f"forgetting.{unknown[0]} is no option; use {', '.join(_names())}")
     return ForgettingOptions(**value).check()
-
-
-def forgetting_of(data_hparams: Mapping[str, Any]) -> ForgettingOptions:
-    """The options of a data module's hyperparameters, as a checkpoint holds them: ``forgetting`` (this
-    version), or the flat ``forgetting_*`` keys of checkpoints written before the group existed."""
-    if data_hparams.get("forgetting") is not None:
-        return as_forgetting(data_hparams["forgetting"])
-    old = {new: data_hparams[key] for key, new in RENAMED_KEYS.items() if data_hparams.get(key) is not None}
-    return as_forgetting(old)
-
-
-def renamed_key_line(message: str) -> str | None:
-    """One line for a parser error about an old ``data.forgetting_*`` key (command line or config), naming
-    the key that replaced it; ``None`` for any other error."""
-    for found in _UNKNOWN_KEY.finditer(message):
-        old = next(name for name in found.groups() if name)
-        if old in RENAMED_KEYS:
-            return f"data.{old} is now forgetting.{RENAMED_KEYS[old]}"
-    return None
 
 
 def _names() -> list[str]:

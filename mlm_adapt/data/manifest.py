@@ -2,8 +2,8 @@
 
 The manifest records each setting the blocks depend on as the *content* it depends on (a hash of the
 tokenizer's files, not its path): the directory may move, a change that would alter the blocks is refused
-as ``old → new``. A directory may have been copied, edited or half-synced: the manifest's whole shape is
-checked before anything is read. A ``prepare --shard i/N`` part also records its task (index and N) and the
+as ``old → new``. The manifest is the tool's own file: it is checked by its :data:`FORMAT_VERSION`, not
+field by field. A ``prepare --shard i/N`` part also records its task (index and N) and the
 fingerprint of the whole corpus and settings it was cut from, so parts renamed, copied from another
 directory or left from before a change of the corpus are refused instead of read as one corpus.
 See docs/prepare.md.
@@ -41,17 +41,11 @@ TOKENIZER_FILES = (
     "spiece.model",
     "sentencepiece.bpe.model",
 )
-_REWRITE = "the directory was altered or copied in part: copy it again whole or run prepare again"
 
 
 def schema_dtypes(schema: pa.Schema) -> dict[str, str]:
     """A block schema's element type per column, as a manifest records it."""
     return {field.name: str(field.type.value_type) for field in schema}
-
-
-def column_types(schema: pa.Schema) -> str:
-    """``input_ids uint16, word_ids int16``: a block schema as a message shows it."""
-    return ", ".join(f"{field.name} {getattr(field.type, 'value_type', field.type)}" for field in schema)
 
 
 def _digest(chunks: list[bytes]) -> str:
@@ -131,75 +125,6 @@ def setting_conflicts(saved: dict, current: dict) -> list[str]:
     return conflicts
 
 
-class _Count:
-    """Schema marker: a non-negative integer."""
-
-
-# The shape of a manifest: a dict maps keys to the shape of their values ("?" marks an optional key), a
-# one-element list is a list of that shape, ``_Count`` a non-negative integer, a type that type.
-_SHARD = {"file": str, "blocks": _Count, "bytes": _Count}
-_SPLIT = {"shards": [_SHARD], "documents": _Count, "blocks": _Count, "tokens": _Count, "characters": _Count}
-_MANIFEST = {
-    "format_version": int,
-    "settings": dict,
-    "validation_sets": dict,
-    "dtypes": {"input_ids": str, "word_ids": str},
-    "corpus_fingerprint": str,
-    "splits": dict,
-    "test_files?": (list, type(None)),
-    "part?": {"index": _Count, "count": _Count, "corpus": str},
-}
-
-
-def _shape_error(value: Any, shape: Any, key: str) -> str | None:
-    """Where ``value`` departs from ``shape`` (``key`` is its dotted path), or ``None``."""
-    if shape is _Count:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-        return None if ok else f"{key} is {json.dumps(value)[:40]} where a count (integer >= 0) belongs"
-    if isinstance(shape, dict):
-        if not isinstance(value, dict):
-            return f"{key} is a {type(value).__name__} where a mapping belongs"
-        for name, inner in shape.items():
-            optional, name = name.endswith("?"), name.rstrip("?")
-            if name not in value and not optional:
-                return f"{key}.{name} is missing"
-            if name in value and (error := _shape_error(value[name], inner, f"{key}.{name}")):
-                return error
-        return None
-    if isinstance(shape, list):
-        if not isinstance(value, list) or not value:
-            return f"{key} is {json.dumps(value)[:40]} where a non-empty list belongs"
-        return next((e for i, v in enumerate(value) if (e := _shape_error(v, shape[0], f"{key}[{i}]"))), None)
-    if isinstance(value, shape) and not (isinstance(value, bool) and shape is int):
-        return None
-    return f"{key} is a {type(value).__name__}, not the {getattr(shape, '__name__', 'value')} it should be"
-
-
-def check_manifest(manifest: Any, path: Path) -> dict:
-    """``manifest`` if it has the whole shape :func:`write_manifest` gives it, else one line naming the key:
-    every key and type, every split and shard entry, the shards' block counts adding up to their split's,
-    and the train split, the validation split and every split ``validation_sets`` names present."""
-    splits = manifest.get("splits") if isinstance(manifest, dict) else None
-    error = _shape_error(manifest, _MANIFEST, "manifest")
-    if error is None:
-        error = next((e for n, v in splits.items() if (e := _shape_error(v, _SPLIT, f"splits.{n}"))), None)
-    if error is None:
-        named = manifest["validation_sets"]
-        wanted = ["train", "validation", *(v for v in named.values() if isinstance(v, str))]
-        missing = [split for split in wanted if split not in splits]
-        if missing or not all(isinstance(v, str) for v in named.values()):
-            error = f"splits has no {missing[0]!r} split" if missing else "validation_sets holds a non-name"
-    if error is None:
-        for name, split in splits.items():
-            listed = sum(shard["blocks"] for shard in split["shards"])
-            if listed != split["blocks"]:
-                error = f"splits.{name} counts {split['blocks']} blocks but its shards list {listed}"
-                break
-    if error:
-        raise MLMAdaptError(f"data.prepared_dir: {path}: {error.removeprefix('manifest.')}; {_REWRITE}")
-    return manifest
-
-
 def read_manifest(directory: Path) -> dict:
     """The manifest of a complete prepared directory; a missing or foreign one is refused in one line."""
     path = directory / MANIFEST
@@ -221,7 +146,7 @@ def read_manifest(directory: Path) -> dict:
             f"data.prepared_dir: {path} has format version {version}, this mlm_adapt reads {FORMAT_VERSION}; "
             f"{hint}"
         )
-    return check_manifest(manifest, path)
+    return manifest
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:

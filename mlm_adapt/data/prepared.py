@@ -11,10 +11,8 @@ prepare once the parts prove they are the N shares of one corpus. See docs/prepa
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import stat
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,7 +20,6 @@ from typing import Any
 
 import datasets
 import pyarrow as pa
-import pyarrow.compute as pc
 from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.data.corpus_statistics import documents_fingerprint, split_counts
@@ -33,14 +30,13 @@ from mlm_adapt.data.manifest import (
     check_part,
     check_parts,
     checked_manifest,
-    column_types,
     part_record,
     prepared_settings,
     schema_dtypes,
     test_files_record,
     write_manifest,
 )
-from mlm_adapt.data.preprocess import block_features, block_schema, share
+from mlm_adapt.data.preprocess import block_features, share
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.data.validation_sets import ValidationSets
 from mlm_adapt.errors import MLMAdaptError, exception_line
@@ -54,7 +50,6 @@ SHARD_BASE = 192
 MIN_BLOCKS_PER_SHARD = 4096
 WRITE_BATCH = 8192
 _PART_NAME = re.compile(r"^part-(\d{5})-of-(\d{5})$")
-_SHARD_NAME = re.compile(r"^[A-Za-z0-9_]+-\d{5}-of-\d{5}\.arrow$")
 
 
 def _write_shard(blocks: datasets.Dataset, path: Path, schema: pa.Schema) -> int:
@@ -242,64 +237,15 @@ def _write_prepared(
     return manifest
 
 
-def _open_shard(directory: Path, shard: Any) -> datasets.Dataset:
-    name = shard.get("file") if isinstance(shard, dict) else None
-    if not isinstance(name, str) or not _SHARD_NAME.match(name):
-        raise MLMAdaptError(f"data.prepared_dir: {directory} lists a shard {name!r} that is no shard name")
-    path = directory / name
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        raise MLMAdaptError(
-            f"data.prepared_dir: shard {path} is missing; copy the whole directory or prepare it again"
-        ) from None
-    if not stat.S_ISREG(info.st_mode) or info.st_size != shard.get("bytes"):
-        raise MLMAdaptError(
-            f"data.prepared_dir: shard {path} is not the file prepare wrote (a link, or {info.st_size} bytes "
-            f"instead of {shard.get('bytes')}); copy the whole directory or prepare it again"
-        )
+def _open_shard(directory: Path, shard: dict) -> datasets.Dataset:
+    path = directory / shard["file"]
     try:
         return datasets.Dataset.from_file(str(path))  # memory-mapped
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise MLMAdaptError(
-            f"data.prepared_dir: shard {path} is not a readable Arrow file ({exception_line(exc)}); copy the "
-            "whole directory again or prepare it again"
+            f"data.prepared_dir: shard {path} is missing or not an Arrow file ({exception_line(exc)}); copy "
+            "the whole directory again or prepare it again"
         ) from None
-
-
-def _check_shard(
-    path: Path, blocks: datasets.Dataset, shard: dict, schema: pa.Schema, vocab_size: int, max_seq_length: int
-) -> int:
-    """Checks a memory-mapped shard against what prepare writes for this tokenizer (column types, block
-    count and lengths, token and word id ranges) in one vectorized pass; returns its tokens. A tampered or
-    foreign shard is refused before the first step instead of failing in the embedding or masking."""
-    problem, tokens = None, 0
-    types, wanted = column_types(blocks.data.schema), column_types(schema)
-    if types != wanted:
-        problem = f"holds {types} where this tokenizer's blocks are {wanted}"
-    elif len(blocks) != shard["blocks"]:
-        problem = f"holds {len(blocks)} blocks, the manifest says {shard['blocks']}"
-    elif len(blocks):
-        ids, words = blocks.data.column("input_ids"), blocks.data.column("word_ids")
-        lengths = pc.list_value_length(ids)
-        tokens = int(pc.sum(lengths).as_py() or 0)
-        id_range, word_range = pc.min_max(pc.list_flatten(ids)), pc.min_max(pc.list_flatten(words))
-        if not pc.all(pc.equal(lengths, pc.list_value_length(words))).as_py():
-            problem = "has blocks whose word ids do not match their tokens one for one"
-        elif (longest := pc.max(lengths).as_py()) > max_seq_length:
-            problem = f"has a block of {longest} tokens, longer than max_seq_length {max_seq_length}"
-        elif (id_range["max"].as_py() or 0) >= vocab_size:
-            problem = f"holds token id {id_range['max']}, beyond the tokenizer's {vocab_size} tokens"
-        elif (word_range["min"].as_py() or 0) < -1 or (word_range["max"].as_py() or 0) >= max_seq_length:
-            problem = (
-                f"holds word ids {word_range['min']}..{word_range['max']}, outside -1..{max_seq_length - 1}"
-            )
-    if problem:
-        raise MLMAdaptError(
-            f"data.prepared_dir: shard {path / shard['file']} {problem}; the directory was altered, copied "
-            "in part or prepared for another model: copy it again whole or run prepare again"
-        )
-    return tokens
 
 
 def load_prepared(
@@ -318,7 +264,7 @@ def load_prepared(
             f"data.prepared_dir: {path} is part {part['index']} of {part['count']} of a --shard prepare, a "
             "share of the corpus only; give the directory that holds all its parts"
         )
-    loaded = [_load_one(d, m, settings, len(tokenizer)) for d, m in zip(directories, manifests, strict=True)]
+    loaded = [_load_one(d, m) for d, m in zip(directories, manifests, strict=True)]
     manifest = loaded[0][1]
     if hparams.test_files and manifest.get("test_files") != test_files_record(hparams.test_files):
         # A prepared directory never reads raw files: only the test files it was prepared with.
@@ -353,27 +299,10 @@ def _part_directories(path: Path) -> list[Path]:
     return [parts[i][1] for i in range(count)]
 
 
-def _load_one(
-    path: Path, manifest: dict, settings: dict, vocab_size: int
-) -> tuple[datasets.DatasetDict, dict]:
-    """One prepared directory (or part) of a checked ``manifest``: its dtypes, then every shard."""
-    schema = block_schema(vocab_size, settings["max_seq_length"])
-    if manifest["dtypes"] != schema_dtypes(schema):
-        raise MLMAdaptError(
-            f"data.prepared_dir: {path}: dtypes {manifest['dtypes']} where this tokenizer's blocks are "
-            f"{column_types(schema)}; the directory was altered or prepared for another model: prepare "
-            "it again"
-        )
+def _load_one(path: Path, manifest: dict) -> tuple[datasets.DatasetDict, dict]:
+    """One prepared directory (or part) of a ``manifest``: every shard, memory-mapped."""
     splits = {}
     for split, entry in manifest["splits"].items():
-        parts, tokens = [], 0
-        for shard in entry["shards"]:
-            parts.append(_open_shard(path, shard))
-            tokens += _check_shard(path, parts[-1], shard, schema, vocab_size, settings["max_seq_length"])
-        if tokens != entry["tokens"]:
-            raise MLMAdaptError(
-                f"data.prepared_dir: {split} of {path} holds {tokens} tokens, its manifest says "
-                f"{entry['tokens']}; copy the whole directory again or prepare it again"
-            )
+        parts = [_open_shard(path, shard) for shard in entry["shards"]]
         splits[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     return datasets.DatasetDict(splits), manifest

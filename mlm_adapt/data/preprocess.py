@@ -227,12 +227,14 @@ def _write_blocks(
 def _worker(job: Callable[..., None], rows: range, path: Path, pipe: Connection) -> None:
     # Stops are the parent's: a Ctrl-C or scancel reaching the whole process group must end in the parent's
     # one line and status, not in a worker dying first and being reported as a failure. The parent kills
-    # its workers on the way out, and the kernel kills them if it dies (PR_SET_PDEATHSIG, guard.locks).
+    # its workers on the way out; a worker whose parent was killed ends at its next report.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signum, signal.SIG_IGN)
     try:
         job(rows, path, pipe.send)
         pipe.send(None)
+    except BrokenPipeError:  # the command is gone: nothing to report to
+        pass
     except MLMAdaptError as exc:
         pipe.send(exc)
     except BaseException as exc:  # noqa: BLE001 - anything else is reported by the parent in one line

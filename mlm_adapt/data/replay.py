@@ -42,20 +42,18 @@ GAIN = 0.5
 TARGET = 0.75
 MAX_CHANGE = 0.2
 
-# The replay settings a resumed run may change: the resume says so in one line (old -> new) and the card
-# records every segment. Unlike the settings a checkpoint fixes (mlm_adapt.training.resume.FIXED_SETTINGS),
-# nothing restored depends on them: the controller continues from the checkpoint's rate and baseline.
-# Each by the name a checkpoint's segments record it under -> the option it comes from (the forgetting ones
-# were data options when these names were chosen; checkpoints of every version keep them).
-SETTING_OPTIONS = {
-    "forgetting_budget": "forgetting.budget",
-    "mix_probability": "data.mix_probability",
-    "max_mix_rate": "data.max_mix_rate",
-    "mix_files": "data.mix_files",
-    "forgetting_check_interval": "forgetting.check_interval",
-    "forgetting_check_batches": "forgetting.check_batches",
-}
-REPLAY_SETTINGS = tuple(SETTING_OPTIONS)
+# The replay settings a resumed run may change, by option: the resume says so in one line (old -> new) and
+# the card records every segment. Unlike the settings a checkpoint fixes
+# (mlm_adapt.training.resume.FIXED_SETTINGS), nothing restored depends on them: the controller continues
+# from the checkpoint's rate and baseline.
+REPLAY_SETTINGS = (
+    "forgetting.budget",
+    "data.mix_probability",
+    "data.max_mix_rate",
+    "data.mix_files",
+    "forgetting.check_interval",
+    "forgetting.check_batches",
+)
 
 # General text read for nothing: a warning when the blocks are set up.
 IDLE_REPLAY = (
@@ -194,7 +192,7 @@ class Replay:
         return old, new
 
     def rise(self, perplexity: float) -> float:
-        """Relative rise of a check's perplexity over the baseline check (> 0: :func:`check_replay_state`)."""
+        """Relative rise of a check's perplexity over the baseline check (a finite baseline > 0)."""
         return perplexity / self.baseline - 1
 
     def summary(self, segments: Sequence[Sequence[Any]] | None = None) -> dict[str, Any]:
@@ -211,13 +209,11 @@ class Replay:
             "max_rate": self.max_rate,
         }
 
-    def load_state_dict(self, state: Any) -> None:
-        """Restores the controller after an exact resume, after :func:`check_replay_state` (an altered
-        checkpoint is refused in one line before any step, and nothing is half-loaded). The checks are
-        kept whatever the budget now is (the card reports them); the rate is the checkpoint's only under a
-        budget, capped at a lowered ``max_rate``. A state without a controller's rate (a fixed-rate run
-        given a budget on resume) leaves the starting rate, and the next check is the baseline."""
-        state = check_replay_state(state)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores the controller after an exact resume. The checks are kept whatever the budget now is
+        (the card reports them); the rate is the checkpoint's only under a budget, capped at a lowered
+        ``max_rate``. A state without a controller's rate (a fixed-rate run given a budget on resume)
+        leaves the starting rate, and the next check is the baseline."""
         self.baseline = state["baseline"]
         self.checks = [Check(*check) for check in state["checks"]]
         if self.budget is None:
@@ -231,74 +227,6 @@ class Replay:
         return self.checks[0].step if self.checks else 0
 
 
-def _refusal(problem: str, key: str) -> MLMAdaptError:
-    return MLMAdaptError(
-        f"{key}: the checkpoint's replay state is not one mlm_adapt writes ({problem}); resume from an "
-        "unaltered checkpoint, or start the run again"
-    )
-
-
-def _number(
-    value: Any, where: str, key: str, low: float, high: float, open_low: bool = False, inf: bool = False
-) -> float:
-    """``value`` as a finite number (``inf`` also, with ``inf``) in ``[low, high]`` (``(low, high]`` with
-    ``open_low``), else one line."""
-    bound = f"{'(' if open_low else '['}{low:g}, {high:g}]"
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not number or math.isnan(value) or (math.isinf(value) and not (inf and value > 0)):
-        raise _refusal(f"{where}={value!r} is not a finite number in {bound}", key)
-    if value < low or value > high or (open_low and value == low):
-        raise _refusal(f"{where}={value!r} is not in {bound}", key)
-    return float(value)
-
-
-def _optional(state: dict[str, Any], name: str, key: str, low: float, high: float, open_low: bool) -> Any:
-    value = state.get(name)
-    return None if value is None else _number(value, name, key, low, high, open_low)
-
-
-def check_replay_state(state: Any, key: str = "ckpt_path") -> dict[str, Any]:
-    """The one schema of a checkpoint's replay state (:meth:`Replay.state_dict`), checked whole before
-    anything is used: a mapping; ``budget`` ``None`` or finite > 0; ``max_rate`` (absent in older
-    checkpoints: below 1) in (0, 1); ``rate`` ``None`` (a fixed rate) or in [0, max_rate], never ``None``
-    under a budget; ``checks`` ``[step, perplexity, rate]`` triples, steps integers >= 0 in order,
-    perplexities > 0 (finite, but for ``inf`` after the first), rates in [0, 1]; ``baseline``
-    finite > 0, the first check's perplexity, and ``None`` exactly when there is no check. A zero
-    baseline would read every rise as +0.0% (and drive the rate down); a ``NaN`` anywhere would pass
-    every comparison. Returns the values as plain numbers; anything else is one line naming the field
-    (under ``key``)."""
-    if not isinstance(state, dict):
-        raise _refusal(f"a {type(state).__name__}, not a mapping", key)
-    budget = _optional(state, "budget", key, 0.0, math.inf, open_low=True)
-    max_rate = (
-        1.0 if state.get("max_rate") is None else _number(state["max_rate"], "max_rate", key, 0, 1, True)
-    )
-    rate = _optional(state, "rate", key, 0.0, max_rate, open_low=False)
-    if budget is not None and rate is None:
-        raise _refusal(f"budget {budget:g} without a mix rate", key)
-    baseline = _optional(state, "baseline", key, 0.0, math.inf, open_low=True)
-    raw_checks = state.get("checks", [])
-    if not isinstance(raw_checks, list | tuple):
-        raise _refusal(f"checks={raw_checks!r} is not a list", key)
-    checks: list[tuple[int, float, float]] = []
-    for i, check in enumerate(raw_checks):
-        if not isinstance(check, list | tuple) or len(check) != 3:
-            raise _refusal(f"checks[{i}]={check!r} is not a [step, perplexity, rate] triple", key)
-        step, perplexity, check_rate = check
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise _refusal(f"checks[{i}] step {step!r} is not an integer >= 0", key)
-        if checks and step < checks[-1][0]:
-            raise _refusal(f"checks[{i}] step {step} comes before step {checks[-1][0]}", key)
-        # A check after the baseline may read inf (diverged weights: Replay.update); the baseline may not.
-        where = f"checks[{i}] perplexity"
-        perplexity = _number(perplexity, where, key, 0.0, math.inf, open_low=True, inf=i > 0)
-        # A check's rate is bounded by the max_mix_rate of its segment, which a resume may have lowered since.
-        checks.append((step, perplexity, _number(check_rate, f"checks[{i}] rate", key, 0.0, 1.0)))
-    if (baseline is None) != (not checks) or (checks and baseline != checks[0][1]):
-        raise _refusal(f"baseline {baseline!r} is not the first check's perplexity", key)
-    return {"rate": rate, "baseline": baseline, "checks": checks, "budget": budget, "max_rate": max_rate}
-
-
 def _plain(value: Any) -> Any:
     """Tuples as lists, all the way down (YAML and checkpoints have no tuples)."""
     if isinstance(value, list | tuple):
@@ -310,10 +238,10 @@ def replay_settings(hparams: Mapping[str, Any], forgetting: ForgettingOptions) -
     """The run's :data:`REPLAY_SETTINGS` (from the data module's ``hparams`` and its ``forgetting``
     options), as plain values: what a segment of the run replayed under."""
     values = {
-        **{name: hparams.get(name) for name in ("mix_probability", "max_mix_rate", "mix_files")},
-        "forgetting_budget": forgetting.budget,
-        "forgetting_check_interval": forgetting.check_interval,
-        "forgetting_check_batches": forgetting.check_batches,
+        **{f"data.{name}": hparams.get(name) for name in ("mix_probability", "max_mix_rate", "mix_files")},
+        "forgetting.budget": forgetting.budget,
+        "forgetting.check_interval": forgetting.check_interval,
+        "forgetting.check_batches": forgetting.check_batches,
     }
     return {name: _plain(values[name]) for name in REPLAY_SETTINGS}
 
@@ -321,7 +249,7 @@ def replay_settings(hparams: Mapping[str, Any], forgetting: ForgettingOptions) -
 def setting_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """``OPTION OLD -> NEW`` for every replay setting that differs between two segments."""
     return [
-        f"{SETTING_OPTIONS[name]} {old.get(name)!r} -> {new.get(name)!r}"
+        f"{name} {old.get(name)!r} -> {new.get(name)!r}"
         for name in REPLAY_SETTINGS
         if _plain(old.get(name)) != _plain(new.get(name))
     ]
@@ -333,9 +261,9 @@ def resume_line(step: int, old: Mapping[str, Any], new: Mapping[str, Any], check
     changes = setting_changes(old, new)
     if not changes:
         return None
-    if new.get("forgetting_budget") is None:
+    if new.get("forgetting.budget") is None:
         effect = "no budget from here: the mix rate is data.mix_probability's"
-    elif old.get("forgetting_budget") is None and not checked:
+    elif old.get("forgetting.budget") is None and not checked:
         effect = f"the budget's baseline is the check at step {step}, and rises are measured from there"
     else:
         effect = "the controller continues from the checkpoint's rate and baseline"
@@ -346,69 +274,18 @@ def resume_line(step: int, old: Mapping[str, Any], new: Mapping[str, Any], check
     )
 
 
-def _check_settings(settings: Any, where: str, key: str) -> dict[str, Any]:
-    """One segment's settings: only :data:`REPLAY_SETTINGS`, each a value its option accepts."""
-    if not isinstance(settings, dict) or not set(settings) <= set(REPLAY_SETTINGS):
-        raise _refusal(f"{where} is not a mapping of {', '.join(REPLAY_SETTINGS)}", key)
-    settings = {name: _plain(settings.get(name)) for name in REPLAY_SETTINGS}
-    if settings["forgetting_budget"] is not None:
-        _number(settings["forgetting_budget"], f"{where} forgetting_budget", key, 0.0, math.inf, True)
-    if settings["max_mix_rate"] is not None:
-        _number(settings["max_mix_rate"], f"{where} max_mix_rate", key, 0.0, 1.0, True)
-    for name in ("forgetting_check_interval", "forgetting_check_batches"):
-        if settings[name] is not None:
-            _number(settings[name], f"{where} {name}", key, 1.0, math.inf)
-    files = settings["mix_files"]  # one path or a list, as the DataModule was given them
-    paths = [files] if isinstance(files, str) else files
-    if paths is not None and not (isinstance(paths, list) and all(isinstance(f, str) for f in paths)):
-        raise _refusal(f"{where} mix_files={files!r} is not a list of paths", key)
-    try:
-        parse_mix_rate(settings["mix_probability"] if settings["mix_probability"] is not None else 0.0)
-    except MLMAdaptError:
-        raise _refusal(
-            f"{where} mix_probability={settings['mix_probability']!r} is not a mix rate", key
-        ) from None
-    return settings
-
-
-def check_segments(segments: Any, step: Any, key: str = "ckpt_path") -> list[list[Any]]:
-    """A checkpoint's replay segments (``[[first_step, settings], ...]``, the first from step 0, in order,
-    settings as :func:`replay_settings` writes them) and its ``step`` (not before the last segment),
-    checked like :func:`check_replay_state`."""
-    if not isinstance(segments, list | tuple) or not segments:
-        raise _refusal(f"segments={segments!r} is not a non-empty list", key)
-    checked: list[list[Any]] = []
-    for i, segment in enumerate(segments):
-        if not isinstance(segment, list | tuple) or len(segment) != 2:
-            raise _refusal(f"segments[{i}]={segment!r} is not a [first_step, settings] pair", key)
-        first = segment[0]
-        if (
-            isinstance(first, bool)
-            or not isinstance(first, int)
-            or first < (checked[-1][0] if checked else 0)
-        ):
-            raise _refusal(f"segments[{i}] step {first!r} is not an integer >= the step before it", key)
-        if i == 0 and first != 0:
-            raise _refusal(f"segments[0] starts at step {first}, not 0", key)
-        checked.append([first, _check_settings(segment[1], f"segments[{i}]", key)])
-    if isinstance(step, bool) or not isinstance(step, int) or step < checked[-1][0]:
-        raise _refusal(f"step {step!r} is not an integer >= {checked[-1][0]} (the last segment's start)", key)
-    return checked
-
-
 def _budget_at(segments: Sequence[Sequence[Any]], step: int) -> float | None:
     """The budget a check at ``step`` ran under: that of the last segment that started before it (a
     segment from step ``s`` trains steps after ``s``; the check at ``s`` ended the one before)."""
-    budget = segments[0][1].get("forgetting_budget")
+    budget = segments[0][1].get("forgetting.budget")
     for first, settings in segments[1:]:
         if first < step:
-            budget = settings.get("forgetting_budget")
+            budget = settings.get("forgetting.budget")
     return budget
 
 
 def replay_summary(state: Any, segments: Sequence[Sequence[Any]] | None = None) -> dict[str, Any]:
-    """What a run's replay did, from a :meth:`Replay.state_dict` and the run's ``segments`` (read back from a
-    checkpoint, after :func:`check_replay_state` and :func:`check_segments`).
+    """What a run's replay did, from a :meth:`Replay.state_dict` and the run's ``segments``.
 
     ``segments`` (``[first_step, settings]`` of each stretch between resumes that changed a replay
     setting) when there is more than one; with checks of a budget also ``budget`` (that of the last check),
@@ -446,32 +323,14 @@ def replay_summary(state: Any, segments: Sequence[Sequence[Any]] | None = None) 
 def segment_columns(segments: Sequence[Sequence[Any]]) -> list[str]:
     """The replay settings that tell the segments apart: the budget, and every other one that changed."""
     changed = [n for n in REPLAY_SETTINGS if len({repr(s.get(n)) for _, s in segments}) > 1]
-    return ["forgetting_budget", *(n for n in changed if n != "forgetting_budget")]
+    return ["forgetting.budget", *(n for n in changed if n != "forgetting.budget")]
 
 
-def check_checkpoint_state(state: Any, key: str = "ckpt_path") -> tuple[Any, list[list[Any]] | None]:
-    """A checkpoint's DataModule state (``MLMDataModule.state_dict``) checked whole: a mapping, its replay
-    state (:func:`check_replay_state`) and its segments (:func:`check_segments`), each ``None`` where the
-    checkpoint has none (a run without replay; an earlier version). An altered one is one line under
-    ``key``. Returns the replay state as saved and the checked segments."""
-    if not isinstance(state, dict):
-        raise _refusal(f"the data module's state is a {type(state).__name__}, not a mapping", key)
-    replay = state.get("replay")
-    if replay is not None:
-        check_replay_state(replay, key)
-    segments = state.get("replay_segments")
-    if segments is not None:
-        segments = check_segments(segments, state.get("step"), key)
-    return replay, segments
-
-
-def summary_from_checkpoint(state: Any, key: str) -> dict[str, Any]:
-    """:func:`replay_summary` of a checkpoint's DataModule state, checked first
-    (:func:`check_checkpoint_state`); a checkpoint without one reports nothing."""
-    if state is None:
-        return replay_summary(None, None)
-    replay, segments = check_checkpoint_state(state, key)
-    return replay_summary(replay, segments)
+def summary_from_checkpoint(state: dict[str, Any] | None) -> dict[str, Any]:
+    """:func:`replay_summary` of a checkpoint's DataModule state (``MLMDataModule.state_dict``); a
+    checkpoint without one reports nothing."""
+    state = state or {}
+    return replay_summary(state.get("replay"), state.get("replay_segments"))
 
 
 def describe_segments(segments: Sequence[Sequence[Any]]) -> str:
@@ -479,7 +338,7 @@ def describe_segments(segments: Sequence[Sequence[Any]]) -> str:
     budget and the other replay settings that differ between segments."""
     names = segment_columns(segments)
     return "; ".join(
-        f"from step {first}: " + ", ".join(f"{SETTING_OPTIONS[n]}={settings.get(n)!r}" for n in names)
+        f"from step {first}: " + ", ".join(f"{n}={settings.get(n)!r}" for n in names)
         for first, settings in segments
     )
 

@@ -396,7 +396,7 @@ def export_checkpoint(
         global_step=checkpoint.get("global_step"),
         epoch=checkpoint.get("epoch"),
         **options.card_fields(),
-        replay=summary_from_checkpoint(checkpoint.get(MLMDataModule.__qualname__), "--ckpt_path"),
+        replay=summary_from_checkpoint(checkpoint.get(MLMDataModule.__qualname__)),
     )
     diff = write_export(module.model, tokenizer, output, info, verify=options.verify, progress=progress)
     return ExportResult(info, diff, options.push(Path(output_dir), progress))

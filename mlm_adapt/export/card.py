@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
-from mlm_adapt.data.forgetting import forgetting_of
-from mlm_adapt.data.replay import SETTING_OPTIONS, parse_mix_rate, segment_columns
+from mlm_adapt.data.forgetting import as_forgetting
+from mlm_adapt.data.replay import parse_mix_rate, segment_columns
 from mlm_adapt.masking.collator import SCHEME_DESCRIPTIONS
 from mlm_adapt.masking.schedule import parse_schedule
 from mlm_adapt.model.metrics import before_after_names, validation_prefix
@@ -171,7 +171,7 @@ def _replay_rows(data: dict[str, Any], replay: dict[str, Any]) -> list[tuple[str
     """The Corpus rows about general-text replay (``data.mix_files``), if the run replayed any."""
     if not data.get("mix_files"):
         return []
-    budget = forgetting_of(data).budget  # checkpoints of every version: the group, or the old flat keys
+    budget = as_forgetting(data.get("forgetting")).budget
     if budget is None:
         how = f" at mix rate {parse_mix_rate(data.get('mix_probability') or 0.0).describe()}"
     else:
@@ -217,7 +217,7 @@ def _segment_lines(segments: list[list[Any]]) -> list[str]:
         "The run was resumed with changed replay settings; each check is judged against the budget in force "
         "when it ran.",
         "",
-        "| from step | " + " | ".join(SETTING_OPTIONS[n] for n in names) + " |",
+        "| from step | " + " | ".join(names) + " |",
         "|---:|" + "---|" * len(names),
     ]
     for first, settings in segments:

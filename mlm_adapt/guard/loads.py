@@ -1,7 +1,6 @@
 """Every file mlm_adapt loads, without running code from it.
 
-- Torch files: ``torch.load(weights_only=True)`` plus :data:`ALLOWED_GLOBALS`, after classifying the file
-  (missing, a directory, empty, truncated, not a ``torch.save`` archive), so a failure is one line, never
+- Torch files: ``torch.load(weights_only=True)`` plus :data:`ALLOWED_GLOBALS`; a failure is one line, never
   torch's advice to load with ``weights_only=False``.
 - FSDP sharded checkpoints: torch reads ``.metadata`` with a plain ``pickle.load`` and the non-tensor
   entries with ``weights_only=False``; here a restricted unpickler and weights-only loads read them.
@@ -9,9 +8,6 @@
 - Hugging Face directories and Hub names: ``trust_remote_code=False`` always (transformers would otherwise
   ask on stdin, and accept a piped ``y``); a local directory is checked first (config, tokenizer files, no
   ``auto_map`` code, weight files readable as above).
-- YAML: every copy or walk of a value (jsonargparse's validation, ``deepcopy``, the dump into
-  ``config.yaml``) expands its aliases, so a document over ``MAX_EXPANDED_NODES`` values is refused
-  (:mod:`mlm_adapt.guard.yaml_limits`, light: the CLI bounds YAML before it imports torch).
 """
 
 from __future__ import annotations
@@ -39,7 +35,6 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from mlm_adapt.errors import MLMAdaptError, check_model_path, exception_line
-from mlm_adapt.guard.yaml_limits import MAX_EXPANDED_NODES, MAX_YAML_BYTES, check_yaml_expansion  # noqa: F401
 
 # Types beyond what weights_only admits: hyper-parameters given from Python (cache_dir=Path(...)) are stored
 # as paths. mlm_adapt's own checkpoints need nothing else (torch's get_unsafe_globals_in_checkpoint).
@@ -47,8 +42,6 @@ ALLOWED_GLOBALS: list[Any] = [pathlib.PosixPath, pathlib.WindowsPath, pathlib.Pu
 TRUST_REMOTE_CODE = False
 # Files that hold a tokenizer's vocabulary (one is enough; tokenizer_config.json alone is not).
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
-_ZIP_MAGIC = b"PK\x03\x04"
-_PICKLE_PROTO = 0x80  # torch.save's legacy (pre-zip) format starts with a pickle PROTO opcode
 # What torch.distributed.checkpoint pickles into ``.metadata`` (harmless: built from pickled arguments).
 _DCP_METADATA_CLASSES = ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties")
 _DCP_METADATA_CLASSES += ("TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata")
@@ -77,35 +70,6 @@ def _refusal(path: Path, key: str, exc: Exception) -> MLMAdaptError:
     )
 
 
-def _check_torch_file(path: Path, key: str) -> None:
-    """Refuses, with one line, a path that cannot be a ``torch.save`` file (before torch reads it)."""
-    what = "give a .ckpt file the trainer wrote"
-    if not path.exists():
-        raise MLMAdaptError(f"{key}: {path} does not exist; {what}")
-    if path.is_dir():
-        raise MLMAdaptError(f"{key}: {path} is a directory, not a checkpoint file; {what}")
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
-            head = handle.read(4)
-    except OSError as exc:
-        raise MLMAdaptError(f"{key}: cannot read {path}: {exc.strerror or exc}") from None
-    reason = None
-    if size == 0:
-        reason = "it is empty (0 bytes)"
-    elif head == _ZIP_MAGIC:
-        try:
-            with zipfile.ZipFile(path) as archive:
-                if not any(name.endswith("data.pkl") for name in archive.namelist()):
-                    reason = "it is a zip archive without data.pkl, not a checkpoint"
-        except (zipfile.BadZipFile, OSError, EOFError):
-            reason = f"it is truncated ({size} bytes, no zip directory: an interrupted write or copy)"
-    elif head[0] != _PICKLE_PROTO:
-        reason = "it is not a checkpoint (garbage: not a torch.save file)"
-    if reason is not None:
-        raise MLMAdaptError(f"{key}: cannot read {path} as a Lightning checkpoint: {reason}; {what}")
-
-
 def _torch_load(source: Path | io.BytesIO, key: str, where: Path, **kwargs: Any) -> Any:
     try:
         with torch.serialization.safe_globals(ALLOWED_GLOBALS):
@@ -123,7 +87,8 @@ def load_weights_only(
     refusal names the real reason rather than torch's mmap complaint).
     """
     path = Path(path)
-    _check_torch_file(path, key)
+    if not path.is_file():
+        raise MLMAdaptError(f"{key}: {path} is not a file; give a .ckpt file the trainer wrote")
     try:
         return _torch_load(path, key, path, map_location=map_location, mmap=mmap and zipfile.is_zipfile(path))
     except (RuntimeError, EOFError, ValueError, OSError, KeyError, AttributeError, struct.error) as exc:

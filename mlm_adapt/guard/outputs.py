@@ -6,8 +6,9 @@ An :class:`Output` names the path, its option and the run's inputs. The rules, c
 - Symlinks: the real path (every component resolved) is checked, locked and replaced, so a link the user
   pointed at it keeps pointing at the new output; a dangling link or a loop is refused. Checkpoint files
   (``follow_link=False``) replace a link rather than write through it: Lightning's ``save_last: link``.
-- An output never is, contains, lies inside or would be globbed as an input of the run; a directory output
-  never is or contains the current directory or a run directory. Writability is checked up front.
+- An output never is, contains or lies inside an input of the run (a glob: what it matches now); a
+  directory output never is or contains the current directory or a run directory. Writability is checked
+  up front.
 - Outputs are written under their lock in a staging directory beside them (:mod:`mlm_adapt.guard.locks`).
   A directory output is published by renames and replaces only an earlier export (holding :data:`MARKER`
   and nothing else) with ``overwrite``, or its writer's own stale output (``replaces``: a prepared part
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fnmatch
 import glob
 import json
 import os
@@ -38,12 +38,6 @@ _GLOB_CHARS = "*?["
 
 
 def _umask() -> int:
-    """The process umask, read without changing it where ``/proc`` allows (no window for other threads)."""
-    with (
-        contextlib.suppress(OSError, ValueError, StopIteration),
-        open("/proc/self/status", encoding="ascii") as status,
-    ):
-        return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -110,21 +104,6 @@ def shown(given: str | Path, real: Path) -> str:
     return str(given) if os.path.normpath(_absolute(given)) == str(real) else f"{given} (-> {real})"
 
 
-def _globbed(parts: Sequence[str], pattern: Sequence[str], prefix: bool) -> bool:
-    """Whether ``glob`` would match ``parts`` with ``pattern`` (per component, ``**`` any number of them,
-    ``*`` skipping dot names); with ``prefix``, whether ``parts`` could lead to a match (a directory)."""
-    if not parts:
-        return prefix or all(p == "**" for p in pattern)
-    if not pattern:
-        return False
-    head, tail = pattern[0], pattern[1:]
-    if head == "**":
-        return prefix or any(_globbed(parts[i:], tail, prefix) for i in range(len(parts) + 1))
-    if parts[0].startswith(".") and not head.startswith("."):
-        return False
-    return fnmatch.fnmatchcase(parts[0], head) and _globbed(parts[1:], tail, prefix)
-
-
 def _conflict(real: Path, found: Path, given: str, key: str) -> str | None:
     """How the output ``real`` collides with the input ``given`` (real path ``found``), if it does."""
     if real == found:
@@ -136,7 +115,7 @@ def _conflict(real: Path, found: Path, given: str, key: str) -> str | None:
     return None
 
 
-def _input_conflict(real: Path, directory: bool, given: str, key: str) -> str | None:
+def _input_conflict(real: Path, given: str, key: str) -> str | None:
     """How the output ``real`` collides with the input path or glob ``given`` (and what it matches now)."""
     path = Path(given).expanduser()
     if not any(c in given for c in _GLOB_CHARS):
@@ -145,8 +124,6 @@ def _input_conflict(real: Path, directory: bool, given: str, key: str) -> str | 
     root = Path(os.path.realpath(Path(*path.parts[:cut]) if cut else Path(".")))
     if root.is_relative_to(real):
         return f"contains the input {given} ({key})"
-    if root in real.parents and _globbed(real.relative_to(root).parts, path.parts[cut:], directory):
-        return f"would be read as the input {given} ({key}) by the next run"
     matches = glob.glob(str(path), recursive=True)
     return next(filter(None, (_conflict(real, Path(os.path.realpath(m)), m, key) for m in matches)), None)
 
@@ -166,7 +143,7 @@ def _check_rules(output: Output) -> Path:
             raise MLMAdaptError(f"{key}: {given} {what}{note}; give a directory of its own, e.g. {example}")
     for input_key, items in output.inputs.items():
         for item in filter(None, items):
-            what = _input_conflict(real, output.directory, str(item), input_key)
+            what = _input_conflict(real, str(item), input_key)
             if what:
                 raise MLMAdaptError(
                     f"{key}: {name} {what}; write it elsewhere; outputs never replace or nest in inputs"
@@ -200,19 +177,6 @@ def _check_rules(output: Output) -> Path:
 
 
 # --- outputs -----------------------------------------------------------------------------------------------
-
-# What this command published, each with the file that proves it complete (the CLI checks them at exit).
-_published: list[tuple[Path, Path]] = []
-
-
-def forget_published() -> None:
-    """A new command: nothing published yet."""
-    _published.clear()
-
-
-def missing_published() -> list[tuple[Path, Path]]:
-    """What this command published whose proof is not there: a command must not report it as success."""
-    return [(output, proof) for output, proof in _published if not proof.is_file()]
 
 
 @dataclass(frozen=True)
@@ -325,20 +289,13 @@ def refuse_same_outputs(outputs: Iterable[Output]) -> None:
 
 @contextlib.contextmanager
 def _staged(real: Path) -> Iterator[Staging]:
-    """A staging directory for ``real``, removed afterwards; an error of the block names the user's path
-    instead of the staging one (a full disk that a library reports in words stays a full disk)."""
+    """A staging directory for ``real``, removed afterwards; a full disk is reported on the user's path."""
     clean_leftovers(real)
     staging = create_staging(real)
     try:
         yield staging
-    except BaseException as exc:
-        inside = str(staging.payload)
-        if isinstance(exc, OSError):
-            for attr in ("filename", "filename2"):
-                value = getattr(exc, attr, None)
-                if value is not None and os.fspath(value).startswith(inside):
-                    setattr(exc, attr, str(real) + os.fspath(value)[len(inside) :])
-        elif is_disk_full(exc):
+    except Exception as exc:
+        if is_disk_full(exc):  # named by the user's path, however the writer worded it
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(real)) from exc
         raise
     finally:
@@ -386,7 +343,6 @@ def write_directory(
                     os.rename(staging.backup, real)
                 raise
             _fsync(real.parent)
-            _published.append((real, real / (proof or MARKER)))
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from mlm_adapt.guard.loads import (
     load_weights_only,
 )
 from mlm_adapt.model.loading import extend_embeddings
-from mlm_adapt.model.module import NEW_TOKENS_KEY, MaskedLMModule
+from mlm_adapt.model.module import NEW_TOKENS_KEY, MaskedLMModule, check_checkpoint_format
 from mlm_adapt.text.tokenizer import extend_tokenizer, load_tokenizer
 
 
@@ -53,6 +53,7 @@ def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any
     checkpoint = load_weights_only(path, key)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise MLMAdaptError(f"{key}: {path} has no 'state_dict'; give a checkpoint written by the trainer")
+    check_checkpoint_format(checkpoint, key)
     return checkpoint
 
 
@@ -63,32 +64,22 @@ def checkpoint_metadata(path: str | Path, key: str = "ckpt_path") -> dict[str, A
     if sharded:
         check_sharded_metadata(path, key)
         meta = path / _METADATA_FILENAME
-        return load_weights_only(meta, key) if meta.is_file() else {}
-    checkpoint = load_weights_only(path, key, mmap=True)
+        checkpoint = load_weights_only(meta, key) if meta.is_file() else {}
+    else:
+        checkpoint = load_weights_only(path, key, mmap=True)
     if not isinstance(checkpoint, dict):
         raise MLMAdaptError(f"{key}: {path} is not a Lightning checkpoint; give a .ckpt file of fit")
+    check_checkpoint_format(checkpoint, key)
     return checkpoint
 
 
 def checkpoint_new_tokens(checkpoint: dict[str, Any], key: str = "--ckpt_path") -> list[str]:
     """The tokens ``model.new_tokens_file`` added in the run, as the checkpoint holds them: never read from
     the file it names (a checkpoint crafted to name ``~/.aws/credentials`` would publish its lines)."""
-    tokens = checkpoint.get(NEW_TOKENS_KEY)
-    if tokens is not None:
-        if not isinstance(tokens, list) or not all(isinstance(t, str) and t for t in tokens):
-            raise MLMAdaptError(f"{key}: the checkpoint's {NEW_TOKENS_KEY} is not a list of tokens")
-        return tokens
-    named = [
-        (checkpoint.get(section) or {}).get("new_tokens_file")
-        for section in ("hyper_parameters", "datamodule_hyper_parameters")
-    ]
-    if any(named):
-        raise MLMAdaptError(
-            f"{key}: the checkpoint names model.new_tokens_file {next(n for n in named if n)!r} but does not "
-            "hold its tokens (an older mlm_adapt wrote it); a file a checkpoint names is never read: export "
-            "it with the mlm_adapt that trained it"
-        )
-    return []
+    tokens = checkpoint.get(NEW_TOKENS_KEY) or []
+    if not isinstance(tokens, list) or not all(isinstance(t, str) and t for t in tokens):
+        raise MLMAdaptError(f"{key}: the checkpoint's {NEW_TOKENS_KEY} is not a list of tokens")
+    return tokens
 
 
 def module_from_checkpoint(

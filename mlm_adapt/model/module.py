@@ -3,6 +3,7 @@ and its throughput monitor."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import lightning as L
@@ -128,6 +129,23 @@ class MLMThroughputMonitor(ThroughputMonitor):
 
 # Where a checkpoint holds the tokens ``model.new_tokens_file`` added (see ``model.checkpoints``).
 NEW_TOKENS_KEY = "mlm_adapt_new_tokens"
+# The format of the checkpoints fit writes (what the run's state holds and where: the resume record, the
+# replay state, the new tokens). The tool's own files are trusted: one whose format differs is refused in
+# one line, never read field by field. Raise it whenever that state changes shape or meaning.
+CHECKPOINT_FORMAT_KEY = "mlm_adapt_checkpoint_format"
+CHECKPOINT_FORMAT = 2
+
+
+def check_checkpoint_format(checkpoint: Mapping[str, Any], key: str = "ckpt_path") -> None:
+    """Refuses, in one line under option ``key``, a checkpoint of another format than this version's."""
+    found = checkpoint.get(CHECKPOINT_FORMAT_KEY)
+    if found != CHECKPOINT_FORMAT:
+        written = "mlm_adapt 0.2 or earlier (or not by mlm_adapt)" if found is None else f"format {found}"
+        raise MLMAdaptError(
+            f"{key}: the checkpoint was written by {written}, and this mlm_adapt reads checkpoint format "
+            f"{CHECKPOINT_FORMAT}; export it with the mlm_adapt that wrote it, then start a new run from "
+            "that export (model.model_name_or_path=EXPORT_DIR)"
+        )
 
 
 class MaskedLMModule(L.LightningModule):
@@ -417,9 +435,11 @@ class MaskedLMModule(L.LightningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CHECKPOINT_FORMAT_KEY] = CHECKPOINT_FORMAT
         checkpoint["mlm_adapt_baseline_metrics"] = dict(self.baseline_metrics)
         checkpoint[NEW_TOKENS_KEY] = list(self.new_tokens)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        check_checkpoint_format(checkpoint)
         self.baseline_metrics = dict(checkpoint.get("mlm_adapt_baseline_metrics", {}))

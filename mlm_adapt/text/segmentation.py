@@ -28,8 +28,7 @@ from typing import Any, Literal, Protocol, TypeAlias, get_args, runtime_checkabl
 import rjieba
 from jsonargparse import ArgumentError, ArgumentParser
 
-from mlm_adapt.errors import Interrupted, MLMAdaptError, Stopped, exception_line, raised
-from mlm_adapt.guard.user_code import ends_process, same_directory
+from mlm_adapt.errors import MLMAdaptError, exception_line, raised
 from mlm_adapt.text.numbers import parse_number
 from mlm_adapt.text.traditional import EXTRA_HINT, ChineseConverter, split_like
 
@@ -194,14 +193,6 @@ class JiebaSegmenter:
         return f"JiebaSegmenter(backend={self.backend!r}, hmm={self.hmm}, user_dict={self.user_dict!r})"
 
 
-# The name the class is stored under, the one it had before: its pickle names it (hashed into the blocks
-# cache's key, data/preprocess.py settings_fingerprint; unpickled by streamed corpora's workers), so caches
-# written before stay valid, and a class_path recorded as mlm_adapt.text.segmentation.Segmenter still
-# imports. Code and the package's exports use JiebaSegmenter.
-JiebaSegmenter.__qualname__ = "Segmenter"
-Segmenter = JiebaSegmenter
-
-
 class _LazyModel:
     """A built-in segmenter whose package and model load on first use, left out of the pickled state.
 
@@ -328,7 +319,6 @@ _NO_SEGMENT = (
     "has no segment(texts) method; a segmenter maps a list of texts to a list of word lists "
     "(see docs/segmenters.md)"
 )
-_NO_CHDIR = "a segmenter must not change the working directory: open its files by absolute paths"
 # How jsonargparse says a class_path names a class without ``segment`` (not SegmenterFactory's return type);
 # the command line's report (cli/fit.py) is read with it too.
 NOT_A_SEGMENTER = re.compile(r"Expected '([^']+)' to be a subclass of <class '(?:\S+\.)?WordSegmenter'>")
@@ -406,7 +396,7 @@ def _kind(value: Any) -> str:
 class Segmentation:
     """The configured word segmenter with the join-back check (and optional OpenCC conversion).
 
-    A segmenter that raises, exits, returns the wrong number of word lists, something other than a list
+    A segmenter that raises, returns the wrong number of word lists, something other than a list
     of ``str`` per text, or words that do not join back (whitespace it drops is put back) stops
     preprocessing with one line naming it and the first offending text.
 
@@ -426,9 +416,6 @@ class Segmentation:
         opencc: str | None = None,
     ) -> None:
         given = isinstance(segmenter, str | Mapping)
-        # Only a config value can be rebuilt; an instance is pickled (and hashed) itself. Derivable from
-        # ``spec``, but kept: block caches are keyed by this object's pickled state, written with it.
-        self._rebuildable = given
         self.spec: str | dict[str, Any] | None = segmenter_setting(segmenter) if given else None
         if isinstance(self.spec, dict) and not isinstance(self.spec.get("class_path"), str):
             raise MLMAdaptError(
@@ -445,7 +432,6 @@ class Segmentation:
                 "give the segmenter's own options in its init_args"
             )
         self.hmm, self.user_dict = hmm, user_dict
-        self._probed: int | None = None  # the process whose first call of a class-path segmenter was probed
         self.converter = ChineseConverter(opencc) if opencc else None
         # Built now, so a bad class path or init args fail at startup, before any preprocessing.
         self._segmenter: Any = self._build() if given else segmenter
@@ -462,15 +448,12 @@ class Segmentation:
                     "or a class_path with init_args"
                 )
             return BUILTIN_CLASSES[self.spec]()
-        with same_directory(
-            lambda change: MLMAdaptError(f"data.segmenter: {self.name} {change}; {_NO_CHDIR}")
-        ):
-            return _from_class_path(self.spec)
+        return _from_class_path(self.spec)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_probed"] = None  # a process id: not part of the segmenter (nor of the cache's fingerprint)
-        if self._rebuildable and self.name not in JIEBA_BACKENDS:
+        # Only a config value can be rebuilt; an instance is pickled (and hashed) itself.
+        if self.spec is not None and self.name not in JIEBA_BACKENDS:
             state["_segmenter"] = None  # rebuilt from the class path (no model in the pickle or the hash)
         return state
 
@@ -490,24 +473,10 @@ class Segmentation:
         return MLMAdaptError(f"data.segmenter: {self.name} {problem} on the text {short}; {hint}")
 
     def _run(self, texts: list[str]) -> Any:
-        first = texts[0] if texts else ""
-        if not isinstance(self.spec, str) and self._probed != os.getpid():
-            # User code's first call in each process runs in a probe first: an os._exit there, which no
-            # handler sees, would end the command with status 0 and nothing published (guard.user_code).
-            self._probed = os.getpid()
-            segmenter = self.segmenter  # built here, once: not again in the probe's copy of the process
-            if ended := ends_process(lambda: segmenter.segment(texts)):
-                raise self._fail(ended, first, "a segmenter must return words, never end the process")
         try:
-            with same_directory(lambda change: self._fail(change, first, _NO_CHDIR)):
-                return self.segmenter.segment(texts)  # checked by checked_words
-        except (MLMAdaptError, Interrupted, Stopped):  # a stop signal's exceptions pass as the stop
+            return self.segmenter.segment(texts)  # checked by checked_words
+        except MLMAdaptError:
             raise
-        except (SystemExit, KeyboardInterrupt) as exc:
-            # Raised by the segmenter (or a library it wraps), not by a stop signal: it failed.
-            raise self._fail(
-                raised(exc), texts[0] if texts else "", "a segmenter must return words, not exit"
-            ) from None
         except Exception as exc:
             offending = texts[0] if texts else ""
             for text in texts:  # the error path only: find the text it fails on

@@ -8,7 +8,6 @@ from mlm_adapt.training.callbacks import (
     GlobalBatchInfo,
     default_callbacks,
     forgotten_sets,
-    guard_user_callbacks,
 )
 from mlm_adapt.training.exact_resume import ExactResume
 from mlm_adapt.training.resume import ResumeMatch
@@ -24,5 +23,4 @@ __all__ = [
     "StopOnSignal",
     "default_callbacks",
     "forgotten_sets",
-    "guard_user_callbacks",
 ]

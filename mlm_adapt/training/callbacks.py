@@ -1,14 +1,13 @@
-"""Training callbacks: the ones the CLI always adds (:func:`default_callbacks`) and the guard around the
-user's own. Among them: the before/after validation, the scale summary, ``ForgettingWarning`` (when
-adaptation costs too much on a non-primary validation set) and ``ForgettingBudget`` (which moves the
-general-text replay rate so that it does not)."""
+"""Training callbacks: the ones the CLI always adds (:func:`default_callbacks`). Among them: the
+before/after validation, the scale summary, ``ForgettingWarning`` (when adaptation costs too much on a
+non-primary validation set) and ``ForgettingBudget`` (which moves the general-text replay rate so that it
+does not)."""
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -20,7 +19,6 @@ from typing_extensions import override
 from mlm_adapt.data.forgetting import ForgettingOptions
 from mlm_adapt.data.replay import describe_replay
 from mlm_adapt.data.samplers import KeyedDataset
-from mlm_adapt.errors import user_code
 from mlm_adapt.model.metrics import before_after_metrics, metrics_table
 from mlm_adapt.training.exact_resume import ExactResume
 from mlm_adapt.training.resume import ResumeMatch
@@ -304,43 +302,3 @@ def default_callbacks() -> list[L.Callback]:
         ForgettingBudget(),
         StopOnSignal(),
     ]
-
-
-# Every hook Lightning calls on a callback (on_*, setup, teardown, state_dict, load_state_dict, ...).
-HOOKS = tuple(
-    name for name, value in vars(L.Callback).items() if not name.startswith("_") and inspect.isfunction(value)
-)
-_OWN_PACKAGES = ("mlm_adapt", "lightning", "lightning_fabric", "pytorch_lightning")
-HINT = "a callback stops training with trainer.should_stop = True or raises an error, never exits"
-
-
-class GuardedHook:
-    """One overridden hook of a user's callback, called inside :func:`~mlm_adapt.errors.user_code`;
-    picklable (the callback and the hook's name), as the callback is."""
-
-    def __init__(self, callback: L.Callback, name: str, who: str):
-        self.callback = callback
-        self.name = name
-        self.who = who
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        owner = type(self.callback)
-        method = inspect.getattr_static(owner, self.name).__get__(self.callback, owner)
-        with user_code(f"{self.who}.{self.name}", HINT):
-            return method(*args, **kwargs)
-
-
-def guard_user_callbacks(callbacks: Iterable[L.Callback]) -> None:
-    """Routes every hook a user's callback (not mlm_adapt's or Lightning's) overrides through
-    :class:`GuardedHook`, in place: its ``exit()`` or ``KeyboardInterrupt`` is then a failure of that
-    callback, one line naming the class and the hook. Lightning would treat a ``KeyboardInterrupt`` as
-    Ctrl-C (status 1) and let ``exit(0)`` end the command with status 0, as if training had finished."""
-    for callback in callbacks:
-        cls = type(callback)
-        if cls.__module__.split(".")[0] in _OWN_PACKAGES:
-            continue
-        who = f"trainer.callbacks: {cls.__module__}.{cls.__qualname__}"
-        for name in HOOKS:
-            overridden = inspect.getattr_static(cls, name, None) is not vars(L.Callback)[name]
-            if overridden and not isinstance(vars(callback).get(name), GuardedHook):
-                setattr(callback, name, GuardedHook(callback, name, who))

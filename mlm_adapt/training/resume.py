@@ -9,14 +9,14 @@ controller), so it is refused when the new run differs in what those depend on:
 - the training corpus, by its fingerprint (:func:`~mlm_adapt.data.loader_state.corpus_fingerprint`): the
   loader position would point into other data;
 - the number of ranks, for a streamed corpus only: its position is held per rank (a map-style corpus
-  continues its global example order on any number, :mod:`mlm_adapt.training.exact_resume`);
-- the replay state, which must be one mlm_adapt writes (its format is :mod:`mlm_adapt.data.replay`'s).
+  continues its global example order on any number, :mod:`mlm_adapt.training.exact_resume`).
 
-The checkpoint's side is :class:`ResumeMatch`'s own saved state (:data:`RECORD_KEYS`); checkpoints of
-earlier versions are read from Lightning's hyper-parameters and ``ExactResume``'s state, without the
-optimizer. The CLI asks twice: :func:`check_settings` before the data is prepared (a changed flag is
-refused in seconds, not after preprocessing), and :class:`ResumeMatch` with the whole record once the data
-is set up, before any other callback's ``setup`` writes and before anything is restored.
+The checkpoint's side is :class:`ResumeMatch`'s own saved state (:data:`RECORD_KEYS`), trusted as
+the tool wrote it once the checkpoint format is this version's
+(:func:`~mlm_adapt.model.module.check_checkpoint_format`).
+The CLI asks twice: :func:`check_settings` before the data is prepared (a changed flag is refused in seconds,
+not after preprocessing), and :class:`ResumeMatch` with the whole record once the data is set up, before any
+other callback's ``setup`` writes and before anything is restored.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import lightning as L
 from typing_extensions import override
 
 from mlm_adapt.data.loader_state import corpus_fingerprint
-from mlm_adapt.data.replay import check_checkpoint_state
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.checkpoints import callback_state
 from mlm_adapt.training.checkpoint_files import drop_rows_after
@@ -78,35 +77,19 @@ def run_settings(
     return settings
 
 
-def _sections(value: Any) -> dict[str, dict[str, Any]]:
-    """``value`` as ``{"model": {...}, "data": {...}}``: a section that is not a mapping is left out
-    (not compared), so a crafted record cannot make the comparison itself fail."""
-    if not isinstance(value, Mapping):
-        return {}
-    return {name: dict(value[name]) for name in ("model", "data") if isinstance(value.get(name), Mapping)}
-
-
 def saved_record(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     """What a checkpoint records of its run: ``{"settings": sections, "corpus_fingerprint", "world_size"}``
-    (an entry the checkpoint lacks, or one of the wrong type, is ``None``: not compared; a world size that is
-    not a positive integer, crafted, is taken as unchanged)."""
+    (``None`` where the run had none: no corpus fingerprint, no ResumeMatch among its callbacks)."""
     record = callback_state(checkpoint, ResumeMatch.__name__)
-    if not record:  # written before ResumeMatch kept the record
-        record = callback_state(checkpoint, "ExactResume")
-        record[SETTINGS_KEY] = {
-            "model": checkpoint.get("hyper_parameters") or {},
-            "data": checkpoint.get("datamodule_hyper_parameters") or {},
-        }
-    corpus, world = record.get(CORPUS_KEY), record.get(WORLD_KEY)
     return {
-        SETTINGS_KEY: _sections(record.get(SETTINGS_KEY)),
-        CORPUS_KEY: corpus if isinstance(corpus, str) else None,
-        WORLD_KEY: world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else None,
+        SETTINGS_KEY: record.get(SETTINGS_KEY, {}),
+        CORPUS_KEY: record.get(CORPUS_KEY),
+        WORLD_KEY: record.get(WORLD_KEY),
     }
 
 
 def saved_world_size(checkpoint: Mapping[str, Any]) -> int | None:
-    """The number of ranks that wrote ``checkpoint`` (see :func:`saved_record`); ``None``: unchanged."""
+    """The number of ranks that wrote ``checkpoint``; ``None``: not recorded (taken as unchanged)."""
     return saved_record(checkpoint)[WORLD_KEY]
 
 
@@ -138,7 +121,7 @@ def resume_conflicts(
 ) -> list[str]:
     """The ``settings`` (``(section, key)`` pairs) and the corpus that differ between a checkpoint and the
     new run, as ``key: saved -> current``. Both are ``{"model": {...}, "data": {...}, "corpus":
-    {"corpus_fingerprint": ...}}``; what one side lacks is not compared (older checkpoints)."""
+    {"corpus_fingerprint": ...}}``; what one side lacks is not compared (an optimizer given from Python)."""
     conflicts = []
     for section, key in settings:
         old_section, new_section = saved.get(section), current.get(section)
@@ -201,7 +184,6 @@ class ResumeMatch(L.Callback):
         self.corpus_fingerprint: str | None = None
         self.world_size = 1
         self.streaming = False
-        self.datamodule_state_key: str | None = None
         self._expected: tuple[str, Mapping[str, Any]] | None = None
         self._checked = False
 
@@ -223,7 +205,6 @@ class ResumeMatch(L.Callback):
         if datamodule is not None:  # set up before the callbacks: its data is ready
             self.corpus_fingerprint = corpus_fingerprint(datamodule)
             self.streaming = getattr(datamodule, "train_stream", None) is not None
-            self.datamodule_state_key = type(datamodule).__qualname__
         self._checked = False
         if self._expected is not None:
             (checkpoint_path, checkpoint), self._expected = self._expected, None  # held no longer than this
@@ -254,8 +235,6 @@ class ResumeMatch(L.Callback):
                 f"streamed corpus's position is held per rank; resume on {saved_world} ranks "
                 f"(trainer.devices x trainer.num_nodes), not {self.world_size}"
             )
-        if self.datamodule_state_key is not None and self.datamodule_state_key in checkpoint:
-            check_checkpoint_state(checkpoint[self.datamodule_state_key])
         self._checked = True
 
     @override
@@ -268,8 +247,7 @@ class ResumeMatch(L.Callback):
 
 def _last_log_step(checkpoint: Mapping[str, Any]) -> int:
     # Lightning logs the rows of optimizer step k at logger step k - 1.
-    step = checkpoint.get("global_step", 0)
-    return (step if isinstance(step, int) and not isinstance(step, bool) else 0) - 1
+    return checkpoint.get("global_step", 0) - 1
 
 
 def resume_match(callbacks: Iterable[Any]) -> ResumeMatch | None:
