@@ -315,12 +315,3 @@ def test_a_stop_signal_while_a_segmenter_runs_is_the_stop_not_the_segmenters_fai
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert stopped.value.code == 128 + signal.SIGTERM
-
-
-def test_a_segmenter_raising_keyboard_interrupt_itself_is_its_failure():
-    class Interrupting:
-        def segment(self, texts):
-            raise KeyboardInterrupt
-
-    with pytest.raises(MLMAdaptError, match="raised KeyboardInterrupt on the text '今天'"):
-        Segmentation(Interrupting()).segment(["今天"])
