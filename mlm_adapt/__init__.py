@@ -17,7 +17,7 @@ _EXPORTS = {
     "WholeWordMaskCollator": "mlm_adapt.masking",
 }
 __all__ = sorted(_EXPORTS)
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -95,7 +95,7 @@ def load_table(
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
-READER_HINT = "a task type returns its examples or raises an error, never exits"
+READER_HINT = "fix the task type or its files (rerun with --debug for the traceback)"
 
 
 def _reader(kind: TaskType, index: int, method: str) -> str:

@@ -53,7 +53,7 @@ def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any
     checkpoint = load_weights_only(path, key)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise MLMAdaptError(f"{key}: {path} has no 'state_dict'; give a checkpoint written by the trainer")
-    check_checkpoint_format(checkpoint, key)
+    check_checkpoint_format(checkpoint, path, key)
     return checkpoint
 
 
@@ -69,7 +69,7 @@ def checkpoint_metadata(path: str | Path, key: str = "ckpt_path") -> dict[str, A
         checkpoint = load_weights_only(path, key, mmap=True)
     if not isinstance(checkpoint, dict):
         raise MLMAdaptError(f"{key}: {path} is not a Lightning checkpoint; give a .ckpt file of fit")
-    check_checkpoint_format(checkpoint, key)
+    check_checkpoint_format(checkpoint, path, key)
     return checkpoint
 
 

@@ -136,13 +136,15 @@ CHECKPOINT_FORMAT_KEY = "mlm_adapt_checkpoint_format"
 CHECKPOINT_FORMAT = 2
 
 
-def check_checkpoint_format(checkpoint: Mapping[str, Any], key: str = "ckpt_path") -> None:
-    """Refuses, in one line under option ``key``, a checkpoint of another format than this version's."""
+def check_checkpoint_format(
+    checkpoint: Mapping[str, Any], path: object = "the checkpoint", key: str = "ckpt_path"
+) -> None:
+    """Refuses, in one line naming option ``key`` and the file, a checkpoint of another format."""
     found = checkpoint.get(CHECKPOINT_FORMAT_KEY)
     if found != CHECKPOINT_FORMAT:
         written = "mlm_adapt 0.2 or earlier (or not by mlm_adapt)" if found is None else f"format {found}"
         raise MLMAdaptError(
-            f"{key}: the checkpoint was written by {written}, and this mlm_adapt reads checkpoint format "
+            f"{key}: {path} was written by {written}, and this mlm_adapt reads checkpoint format "
             f"{CHECKPOINT_FORMAT}; export it with the mlm_adapt that wrote it, then start a new run from "
             "that export (model.model_name_or_path=EXPORT_DIR)"
         )
@@ -441,5 +443,5 @@ class MaskedLMModule(L.LightningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        check_checkpoint_format(checkpoint)
+        check_checkpoint_format(checkpoint, getattr(self._trainer, "ckpt_path", None) or "the checkpoint")
         self.baseline_metrics = dict(checkpoint.get("mlm_adapt_baseline_metrics", {}))

@@ -435,6 +435,9 @@ class Segmentation:
         self.converter = ChineseConverter(opencc) if opencc else None
         # Built now, so a bad class path or init args fail at startup, before any preprocessing.
         self._segmenter: Any = self._build() if given else segmenter
+        # A class-path segmenter is built again in each process that segments: its threads (a pool) or
+        # the thread pools of a model it runs do not survive a fork into preprocessing workers.
+        self._built_by = os.getpid() if isinstance(self.spec, dict) else None
         if not callable(getattr(self._segmenter, "segment", None)):
             raise MLMAdaptError(f"data.segmenter: {self.name} {_NO_SEGMENT}")
 
@@ -455,13 +458,15 @@ class Segmentation:
         # Only a config value can be rebuilt; an instance is pickled (and hashed) itself.
         if self.spec is not None and self.name not in JIEBA_BACKENDS:
             state["_segmenter"] = None  # rebuilt from the class path (no model in the pickle or the hash)
+        state["_built_by"] = None
         return state
 
     @property
     def segmenter(self) -> Any:
         """The underlying segmenter (built on first use in a worker process)."""
-        if self._segmenter is None:
+        if self._segmenter is None or self._built_by not in (None, os.getpid()):
             self._segmenter = self._build()
+            self._built_by = os.getpid() if isinstance(self.spec, dict) else None
         return self._segmenter
 
     def __call__(self, text: str) -> list[str]:

@@ -26,6 +26,7 @@ from mlm_adapt.cli import main
 from mlm_adapt.guard.locks import STAGING_MARKER
 from mlm_adapt.guard.outputs import write_marker
 from mlm_adapt.model import MaskedLMModule
+from mlm_adapt.model.module import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_KEY
 
 
 @dataclass
@@ -34,15 +35,8 @@ class Workspace:
 
     root: Path
     base: Path
-    corpus: Path
-    user_dict: Path
-    new_tokens: Path
     ckpt: Path
     exp: Path
-    metrics: Path
-
-    def __getitem__(self, name: str) -> Path:
-        return getattr(self, name)
 
 
 def tree_hashes(path: Path) -> dict[str, str]:
@@ -149,6 +143,7 @@ def world(tmp_path_factory, tiny_model_dir, review_texts) -> Path:
             },
             "global_step": 0,
             "epoch": 0,
+            CHECKPOINT_FORMAT_KEY: CHECKPOINT_FORMAT,
         },
         root / "run" / "last.ckpt",
     )
@@ -161,17 +156,7 @@ def ws(world, tmp_path, monkeypatch) -> Workspace:
     work = tmp_path / "work"
     shutil.copytree(world, work, symlinks=True)
     monkeypatch.chdir(work)
-    space = Workspace(
-        root=work,
-        base=work / "base",
-        corpus=work / "corpus" / "corpus.txt",
-        user_dict=work / "user_dict.txt",
-        new_tokens=work / "new_tokens.txt",
-        ckpt=work / "run" / "last.ckpt",
-        exp=work / "exp",
-        metrics=work / "logs" / "metrics.csv",
-    )
-    return space
+    return Workspace(root=work, base=work / "base", ckpt=work / "run" / "last.ckpt", exp=work / "exp")
 
 
 @dataclass(frozen=True)
@@ -182,7 +167,6 @@ class Refusal:
     args: list[str]
     needles: tuple[str, ...]
     setup: Callable[[Workspace, pytest.MonkeyPatch], Any] | None = None  # may return a context manager
-    code: int = 2
 
 
 def make_link(name: str, to: str) -> Callable[..., None]:
@@ -190,6 +174,8 @@ def make_link(name: str, to: str) -> Callable[..., None]:
 
 
 def make_file(name: str, text: str = "mine", mode: int | None = None) -> Callable[..., None]:
+    """A file ``name`` of the user's (its directories made), with ``mode`` if given."""
+
     def make(ws: Workspace, mp: pytest.MonkeyPatch | None = None) -> None:
         (ws.root / name).parent.mkdir(parents=True, exist_ok=True)
         (ws.root / name).write_text(text, encoding="utf-8")
@@ -199,14 +185,11 @@ def make_file(name: str, text: str = "mine", mode: int | None = None) -> Callabl
     return make
 
 
-def read_only_setup(name: str, make: str | None = None) -> Callable[..., Any]:
-    """``name`` made read-only (created first as a ``file`` or ``dir`` when ``make`` says so)."""
+def read_only_dir(name: str) -> Callable[..., Any]:
+    """A new directory ``name``, read-only while the command runs."""
 
     def setup(ws: Workspace, mp: pytest.MonkeyPatch | None = None) -> Any:
-        if make == "dir":
-            (ws.root / name).mkdir()
-        elif make == "file":
-            (ws.root / name).write_text("mine", encoding="utf-8")
+        (ws.root / name).mkdir()
         return read_only(ws.root / name)
 
     return setup
@@ -219,7 +202,7 @@ def check_refused(case: Refusal, ws: Workspace, capsys, monkeypatch) -> None:
         before = tree_hashes(ws.root.parent)
         code, out, err = run(case.args, capsys)
         after = tree_hashes(ws.root.parent)
-    assert code == case.code, err
+    assert code == 2, err
     assert_one_line(err, *case.needles)
     assert after == before
     assert leftovers(ws.root.parent) == []

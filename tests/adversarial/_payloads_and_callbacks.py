@@ -1,15 +1,13 @@
-"""User code that the loading, signal and stop suites hand to the CLI: a pickle payload and callbacks.
+"""What the loading and signal suites hand to the CLI: a pickle payload and a callback.
 
-Importable as ``_payloads_and_callbacks`` (pytest puts this directory on ``sys.path``; the subprocess tests
-add it to ``PYTHONPATH``), so LightningCLI can instantiate the callbacks below from ``--trainer.callbacks+=``.
+Importable as ``_payloads_and_callbacks`` (pytest puts this directory on ``sys.path``), so LightningCLI can
+instantiate the callback below from ``--trainer.callbacks+=``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import lightning as L
@@ -46,19 +44,3 @@ class SendSignalAt(L.Callback):
     def on_train_end(self, trainer, pl_module):
         if self.hook == "train_end":
             os.kill(os.getpid(), self.signum)
-
-
-class SlowSteps(L.Callback):
-    """Sleeps after every training batch and records the step reached in ``progress`` (JSON), so a test can
-    signal a subprocess in the middle of its run."""
-
-    def __init__(self, progress: str, seconds: float = 0.3):
-        self.progress = progress
-        self.seconds = seconds
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        tmp = self.progress + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump({"step": trainer.global_step, "pid": os.getpid()}, handle)
-        os.replace(tmp, self.progress)
-        time.sleep(self.seconds)

@@ -1,7 +1,7 @@
 """Everything checkable is checked before work: the Hub repository id, ``export.monitor`` against what the
-run logs, a fit that trains no step, a model too large for the memory free or whose weights disagree with
-its config.json. Each case is refused with one ``mlm_adapt: error:`` line, exit 2, before any step,
-checkpoint or export is written."""
+run logs, a fit that trains no step, a model too large for the memory or whose weights disagree with its
+config.json, numeric settings out of range. Each case is refused with one ``mlm_adapt: error:`` line,
+exit 2, before any step, checkpoint or export is written."""
 
 from __future__ import annotations
 
@@ -11,16 +11,14 @@ import shutil
 import time
 from pathlib import Path
 
-import lightning as L
 import pytest
 from conftest import tiny_fit_args
 from families import family_dir
 
 from mlm_adapt.cli.commands import main
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.export.callback import check_monitor, check_trains, logged_metrics
+from mlm_adapt.export.callback import check_monitor, logged_metrics
 from mlm_adapt.export.options import check_repo_id
-from mlm_adapt.model import loading as model_size
 
 
 def run_main(args: list[str], capsys) -> tuple[int, list[str]]:
@@ -54,25 +52,15 @@ def fit_args(model_dir: Path, corpus: Path, root: Path, *extra: str) -> list[str
 
 # ---------------------------------------------------------------- Hub repository id
 
-BAD_REPO_IDS = {"three_parts": "a/b/c", "parent_dirs": "../../etc", "space_and_bang": "me/bad name!"}
 
-
-@pytest.mark.parametrize("case", list(BAD_REPO_IDS), ids=list(BAD_REPO_IDS))
-def test_fit_refuses_a_bad_repo_id_before_training(case, tiny_model_dir, corpus, tmp_path, capsys):
+def test_fit_refuses_a_bad_repo_id_before_training(tiny_model_dir, corpus, tmp_path, capsys):
     root = tmp_path / "run"
-    repo_id = BAD_REPO_IDS[case]
+    repo_id = "../../etc"
     args = fit_args(tiny_model_dir, corpus, root, "--export.push_to_hub=true", f"--export.repo_id={repo_id}")
     code, lines = run_main(args, capsys)
     assert code == 2 and len(lines) == 1
     assert lines[0].startswith(f"mlm_adapt: error: export.repo_id={repo_id!r} is no Hub repository id")
     assert written(root) == []
-
-
-def test_export_command_refuses_a_bad_repo_id(tmp_path, capsys):
-    args = ["export", "--ckpt_path", str(tmp_path / "x.ckpt"), "--output_dir", str(tmp_path / "out")]
-    code, lines = run_main([*args, "--push_to_hub", "true", "--repo_id", "a/b/c"], capsys)
-    assert code == 2 and len(lines) == 1 and "--repo_id='a/b/c' is no Hub repository id" in lines[0]
-    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("repo_id", ["me/model", "org-1/chinese_bert.v2", "name"])
@@ -88,16 +76,11 @@ LOGGED = logged_metrics(
 MONITOR_CASES = {
     # name: (monitor, suggestion or None when accepted)
     "val_loss": ("val/loss", None),
-    "named_set": ("val_news/perplexity", None),
     "task_score": ("downstream/sentiment/macro_f1", None),
-    "ner_f1": ("downstream/ner/f1", None),
-    "train_loss": ("train/loss", None),
     "own_callback_metric": ("custom/score", None),
     "typo_los": ("val/los", "val/loss"),
-    "typo_vall": ("vall/loss", "val/loss"),
     "unknown_set": ("val_new/loss", "val_news/loss"),
     "unknown_task": ("downstream/sentimnet/macro_f1", "downstream/sentiment/macro_f1"),
-    "wrong_task_metric": ("downstream/ner/macro_f1", "downstream/ner/f1"),
     "val_metric_not_logged": ("val/f1", None),
 }
 
@@ -127,23 +110,6 @@ def test_fit_refuses_a_monitor_typo_before_training(tiny_model_dir, corpus, tmp_
 
 # ---------------------------------------------------------------- a fit that trains nothing
 
-NO_TRAINING = {
-    "max_steps_0": {"max_steps": 0},
-    "max_epochs_0": {"max_epochs": 0},
-    "limit_train_batches_0": {"limit_train_batches": 0},
-}
-
-
-@pytest.mark.parametrize("case", list(NO_TRAINING), ids=list(NO_TRAINING))
-def test_a_fit_without_steps_is_refused_when_it_exports(case):
-    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, **NO_TRAINING[case])
-    with pytest.raises(MLMAdaptError, match="trains no step, so the export would be the base model's"):
-        check_trains(trainer)
-
-
-def test_a_fit_with_steps_passes():
-    check_trains(L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, max_steps=1))
-
 
 def test_fit_max_steps_0_exports_nothing(tiny_model_dir, corpus, tmp_path, capsys):
     root = tmp_path / "run"
@@ -166,34 +132,25 @@ def _edited_copy(source: Path, target: Path, **changes) -> Path:
 
 
 MODEL_DIR_CASES = {
-    # name: (family, config.json changes, extra flags, what the line says)
-    "bert_absurd_vocab_random_init": (
-        "bert",
+    # name: (config.json changes, extra flags, what the line says)
+    "absurd_vocab_random_init": (
         {"vocab_size": 1_000_000_000, "hidden_size": 768, "intermediate_size": 3072},
         ["--model.pretrained=false"],
         "B parameters (vocab_size 1000000000, hidden_size 768",
     ),
-    "modernbert_absurd_width_random_init": (
-        "modernbert",
-        {"hidden_size": 65_536, "num_attention_heads": 64, "intermediate_size": 262_144},
-        ["--model.pretrained=false"],
-        "config.json describes ",
-    ),
-    "bert_absurd_depth_pretrained": (
-        "bert",
+    "absurd_depth_pretrained": (
         {"num_hidden_layers": 1_000_000, "hidden_size": 768, "intermediate_size": 3072},
         [],
         "config.json describes ",
     ),
-    "bert_config_vocab_edited": ("bert", {"vocab_size": 4321}, [], "model.safetensors and "),
-    "xlmr_config_width_edited": ("xlmr", {"hidden_size": 48}, [], "model.safetensors and "),
+    "config_vocab_edited": ({"vocab_size": 4321}, [], "model.safetensors and "),
 }
 
 
 @pytest.mark.parametrize("case", list(MODEL_DIR_CASES), ids=list(MODEL_DIR_CASES))
 def test_fit_refuses_a_model_dir_before_work(case, corpus, tmp_path, capsys):
-    family, changes, extra, expected = MODEL_DIR_CASES[case]
-    model_dir = _edited_copy(family_dir(family), tmp_path / "model", **changes)
+    changes, extra, expected = MODEL_DIR_CASES[case]
+    model_dir = _edited_copy(family_dir("bert"), tmp_path / "model", **changes)
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(model_dir.iterdir())}
     root = tmp_path / "run"
     started = time.monotonic()
@@ -210,38 +167,13 @@ def test_fit_refuses_a_model_dir_before_work(case, corpus, tmp_path, capsys):
     assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(model_dir.iterdir())} == before
 
 
-def test_fit_refuses_a_model_the_memory_left_at_fit_cannot_train(
-    tiny_model_dir, corpus, tmp_path, capsys, monkeypatch
-):
-    """The load fits, but by the time the trainer exists less is free than training needs: refused before
-    the data is prepared."""
-    calls = []
-
-    def shrinking(device="cpu"):
-        calls.append(device)
-        return 10**12 if len(calls) == 1 else 1000
-
-    monkeypatch.setattr(model_size, "available_memory", shrinking)
-    root = tmp_path / "run"
-    code, lines = run_main(fit_args(tiny_model_dir, corpus, root), capsys)
-    assert code == 2 and len(lines) == 1 and len(calls) == 2
-    assert (
-        "training them in float32 needs ~0.0 GB" in lines[0]
-        and "this machine has 0.0 GB available" in lines[0]
-    )
-    assert not (root / "hf_cache").exists()
-
-
 # ---------------------------------------------------------------- numeric settings
 
 # Values a library accepts and then divides by, or silently reads as another value.
 NUMERIC_CASES = {
     "accumulate_grad_batches_0": ("--trainer.accumulate_grad_batches=0", "must be at least 1"),
     "pad_to_multiple_of_0": ("--data.pad_to_multiple_of=0", "data.pad_to_multiple_of=0 must be at least 1"),
-    "pad_to_multiple_of_negative": ("--data.pad_to_multiple_of=-8", "data.pad_to_multiple_of=-8 must be"),
-    "shuffle_buffer_negative": ("--data.shuffle_buffer_size=-1", "data.shuffle_buffer_size=-1 must be"),
     "warmup_nan": ("--model.warmup=nan", 'Parser key "model.warmup"'),
-    "mlm_probability_inf": ("--data.mlm_probability=inf", 'Parser key "data.mlm_probability"'),
     "lr_nan": ("--model.optimizer=torch.optim.AdamW --model.optimizer.lr=nan", "lr"),
 }
 

@@ -1,5 +1,5 @@
-"""Adversarial inputs: corpus, task, dictionary and metrics files that used to give a traceback, an empty
-reason or a wrong key, literal special-token text, and validation sets that overlap the training data.
+"""Adversarial inputs: empty or malformed corpus, task, dictionary and metrics files, literal special-token
+text, and validation sets that overlap the training data.
 
 Each case ends in one ``MLMAdaptError`` line naming the file or key (or, for warnings, one warning line).
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -42,8 +41,6 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 CORPUS_CASES = {
     # name: (file name, content, extra datamodule args, expected fragment)
     "empty_txt": ("empty.txt", "", {}, "empty.txt is empty"),
-    "whitespace_txt": ("blank.txt", "\n \n\t\n", {}, "blank.txt is empty"),
-    "empty_jsonl": ("empty.jsonl", "", {}, "empty.jsonl is empty"),
     "empty_csv": ("empty.csv", "", {}, "empty.csv is empty"),
     "one_document": ("one.txt", "只有一篇文档，没有验证集。\n", {}, "holds 1 document, too few to hold out"),
     "split_zero": (
@@ -104,29 +101,21 @@ def _task(tmp_path: Path, case: str) -> dict:
     if case == "empty_train_file":
         train.write_text("", encoding="utf-8")
         _sentiment(test)
-    elif case == "blank_test_file":
-        _sentiment(train)
-        test.write_text("\n\n", encoding="utf-8")
-    elif case in ("bioes_tags", "io_tags"):
-        tag_of = {"B": "S-", "I": "E-"} if case == "bioes_tags" else {"B": "", "I": ""}
-        write_jsonl(train, _ner_rows(tag_of))
-        write_jsonl(test, _ner_rows(tag_of))
+    elif case == "bioes_tags":
+        write_jsonl(train, _ner_rows({"B": "S-", "I": "E-"}))
+        write_jsonl(test, _ner_rows({"B": "S-", "I": "E-"}))
         entry["type"] = "token_classification"
     else:
         _sentiment(train)
         _sentiment(test)
-        entry["name"] = {"newline_name": "senti\nment", "pipe_name": "a|b", "space_name": "my task"}[case]
+        entry["name"] = "a|b"
     return entry
 
 
 TASK_CASES = {
     "empty_train_file": "train.jsonl is empty",
-    "blank_test_file": "test.jsonl is empty",
     "bioes_tags": "is not BIO (O, B-TYPE, I-TYPE)",
-    "io_tags": "is not BIO (O, B-TYPE, I-TYPE)",
-    "newline_name": "cannot name metrics, log lines and model-card rows",
     "pipe_name": "cannot name metrics, log lines and model-card rows",
-    "space_name": "cannot name metrics, log lines and model-card rows",
 }
 
 
@@ -154,12 +143,10 @@ def test_bio_task_and_unicode_task_name_still_load(tmp_path):
     ("line", "expected"),
     [
         ("术语 100000000000000000000000000", "line 2: frequency 1000"),
-        ("术语 12abc", "is not an integer"),
         ("医保 ² n", "frequency '²' is not an integer"),
-        ("医保 ½ n", "frequency '½' is not an integer"),
         ("医保 -5 n", "frequency -5 is below 0"),
     ],
-    ids=["frequency_1e26", "frequency_not_integer", "superscript_digit", "vulgar_fraction", "negative"],
+    ids=["frequency_1e26", "superscript_digit", "negative"],
 )
 def test_user_dictionary_frequency(line, expected, tmp_path):
     path = tmp_path / "dict.txt"
@@ -176,35 +163,6 @@ def test_user_dictionary_frequency_in_full_width_digits_is_read(tmp_path):
     assert read_user_dict(path) == [("医保", 10, "n"), ("术语", 3, None)]
 
 
-@pytest.mark.parametrize("command", ["preview", "prepare", "fit"])
-def test_user_dictionary_with_a_non_ascii_digit_is_one_line_in_every_command(
-    command, tiny_model_dir, tmp_path, capsys
-):
-    from mlm_adapt.cli.commands import main
-
-    user_dict = tmp_path / "dict.txt"
-    user_dict.write_text("医保 ² n\n", encoding="utf-8")
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("医保报销很方便。\n" * 20, encoding="utf-8")
-    args = [
-        f"--model.model_name_or_path={tiny_model_dir}",
-        "--model.max_seq_length=64",
-        f"--data.train_files=[{corpus}]",
-        f"--data.user_dict={user_dict}",
-        f"--data.prepared_dir={tmp_path / 'prepared'}",
-        f"--data.cache_dir={tmp_path / 'cache'}",
-        "--data.num_workers=0",
-        "--trainer.logger=false",
-        "--trainer.accelerator=cpu",
-    ]
-    with pytest.raises(SystemExit) as stopped:
-        main([command, *args])
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("mlm_adapt: error:")]
-    assert stopped.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
-    assert lines[0].startswith(f"mlm_adapt: error: data.user_dict: {user_dict} line 1: frequency '²'")
-
-
 def test_user_dictionary_large_but_sane_frequency_segments(tmp_path):
     path = tmp_path / "dict.txt"
     path.write_text("领域术语 1000000000000\n", encoding="utf-8")
@@ -212,7 +170,6 @@ def test_user_dictionary_large_but_sane_frequency_segments(tmp_path):
 
 
 PLOT_CASES = {
-    "empty_csv": ("", "it is empty"),
     "header_only": ("epoch,step,train/loss\n", "has a header but no rows"),
     "binary_garbage": ("\x00\xff\xfe garbage", "is not a readable CSV file"),
 }
@@ -270,12 +227,8 @@ TRAIN_LINES = [f"训练文档第{i}篇，内容足够长。" for i in range(50)]
 OTHER_LINES = [f"验证文档第{i}篇，内容不同。" for i in range(20)]
 OVERLAP_CASES = {
     "same_file": ("train", TRAIN_LINES, "is also training data"),
-    "identical_lines": (
-        "other",
-        TRAIN_LINES[:5] + [f"验证文档第{i}篇，内容不同。" for i in range(20)],
-        "5 of 25",
-    ),
-    "disjoint": ("other", [f"验证文档第{i}篇，内容不同。" for i in range(20)], None),
+    "identical_lines": ("other", TRAIN_LINES[:5] + OTHER_LINES, "5 of 25"),
+    "disjoint": ("other", OTHER_LINES, None),
     "short_repeats_ignored": ("other", ["好评", "谢谢"], None),
 }
 
@@ -294,14 +247,3 @@ def test_validation_overlap_warning(case, tmp_path):
     else:
         assert len(messages) == 1 and "\n" not in messages[0] and expected in messages[0]
         assert messages[0].startswith("data.validation_files:")
-
-
-def test_validation_file_equal_to_training_file_warns_once_through_the_datamodule(tiny_model_dir, tmp_path):
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(TRAIN_LINES) + "\n", encoding="utf-8")
-    datamodule = make_datamodule(tiny_model_dir, corpus, tmp_path, validation_files=[str(corpus)])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        datamodule.setup("fit")
-    overlap = [str(w.message) for w in caught if "also training data" in str(w.message)]
-    assert len(overlap) == 1 and overlap[0].startswith("mlm_adapt: data.validation_files:")

@@ -1,8 +1,5 @@
-"""Command-line and config errors: exactly one ``mlm_adapt: error: ...`` line with a ``--help`` hint, exit 2.
-
-Before, jsonargparse printed a ~120-line usage dump without the ``mlm_adapt:`` prefix; a YAML alias bomb in a
-``--config`` grew the memory without bound.
-"""
+"""Command-line and config errors: exactly one ``mlm_adapt: error: ...`` line with a ``--help`` hint, exit 2,
+never jsonargparse's usage dump."""
 
 from __future__ import annotations
 
@@ -13,17 +10,6 @@ from pathlib import Path
 import pytest
 
 from mlm_adapt.cli.commands import main
-from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.guard.loads import MAX_EXPANDED_NODES, check_yaml_expansion
-
-BOMB = "\n".join(
-    [
-        'a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]',
-        *(f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]" for p, n in zip("abcdefgh", "bcdefghi", strict=True)),
-        "trainer:",
-        "  callbacks: *i",
-    ]
-)
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:
@@ -32,18 +18,18 @@ def write(tmp_path: Path, name: str, text: str) -> str:
     return str(path)
 
 
-# name: (arguments (tmp_path -> list), text the line must hold, the --help hint's command)
+# name: (arguments (tmp_path -> list), text the line must hold, the --help hint's command or None for none)
 CASES = {
     "fit_bad_int": (lambda t: ["fit", "--trainer.max_steps", "abc"], "trainer.max_steps", "fit"),
     "fit_float_overflow": (
         lambda t: ["fit", "--model.warmup", "1" + "0" * 400],
-        'Parser key "model.warmup": the number is too large',
+        "a number on the command line or in the config is too large",
         "fit",
     ),
     "plot_binary_config": (
         lambda t: ["plot", "run", "--config", str(t / "c.png")],
-        'Parser key "config": the file is not UTF-8 text',
-        "plot",
+        "--config: {t}/c.png is not UTF-8 text; give a YAML file",
+        None,
     ),
     "fit_unknown_flag": (lambda t: ["fit", "--nosuch", "1"], "unrecognized arguments: --nosuch", "fit"),
     "fit_flag_without_value": (
@@ -62,28 +48,14 @@ CASES = {
         "config",
         "fit",
     ),
-    "fit_config_alias_bomb": (lambda t: ["fit", "--config", write(t, "bomb.yaml", BOMB)], "alias bomb", None),
-    "fit_inline_alias_bomb": (
-        lambda t: ["fit", "--trainer", BOMB.replace("trainer:\n  callbacks: *i", "callbacks: *i")],
-        "alias bomb",
-        None,
-    ),
     "validate_bad_bool": (
         lambda t: ["validate", "--trainer.fast_dev_run", "maybe"],
         "fast_dev_run",
         "validate",
     ),
-    "test_unknown_flag": (lambda t: ["test", "--bogus"], "unrecognized arguments", "test"),
     "unknown_command": (lambda t: ["frobnicate"], "invalid choice", ""),
     "fill_mask_missing_arguments": (lambda t: ["fill-mask"], "required", "fill-mask"),
-    "fill_mask_bad_top_k": (
-        lambda t: ["fill-mask", "好[MASK]", "--model", "m", "--top_k", "x"],
-        "top_k",
-        "fill-mask",
-    ),
     "export_unknown_flag": (lambda t: ["export", "--bogus"], "unrecognized arguments", "export"),
-    "plot_missing_run_dir": (lambda t: ["plot"], "required", "plot"),
-    "preview_unknown_flag": (lambda t: ["preview", "--bad", "x"], "unrecognized arguments", "preview"),
     "vocab_bad_int": (lambda t: ["vocab", "--top_k", "many"], "top_k", "vocab"),
 }
 
@@ -100,7 +72,7 @@ def test_parser_error_is_one_line(case, tmp_path, capsys, monkeypatch):
     lines = [line for line in captured.err.splitlines() if line.strip()]
     assert len(lines) == 1, captured.err[-2000:]  # no usage dump
     (line,) = lines
-    assert line.startswith("mlm_adapt: error: ") and expected in line, line
+    assert line.startswith("mlm_adapt: error: ") and expected.format(t=tmp_path) in line, line
     assert "usage:" not in captured.err and len(line) < 600
     if command is not None:
         hint = " ".join(["python -m mlm_adapt", *command.split(), "--help"])
@@ -117,9 +89,3 @@ def test_help_still_prints_usage(capsys):
     with pytest.raises(SystemExit) as stopped:
         main(["fill-mask", "--help"])
     assert stopped.value.code == 0 and "--top_k" in capsys.readouterr().out
-
-
-def test_alias_limit_counts_expansion_not_aliases():
-    check_yaml_expansion("a: &x [1, 2]\nb: *x\nc: *x\n")  # a few shared values are fine
-    with pytest.raises(MLMAdaptError, match=str(MAX_EXPANDED_NODES)):
-        check_yaml_expansion(BOMB)

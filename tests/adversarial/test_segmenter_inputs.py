@@ -32,14 +32,6 @@ CASES = {
         "data.segmenter: cannot use class_path 'no_such_pkg.Segmenter' (No module named 'no_such_pkg')",
     ),
     "unknown-name": ("fit", ["--data.segmenter=ltp"], "data.segmenter: unknown segmenter 'ltp'"),
-    "bad-init-args": (
-        "fit",
-        [
-            '--data.segmenter={"class_path": "mlm_adapt.text.segmentation.ThulacSegmenter", '
-            '"init_args": {"dictionary": "x"}}'
-        ],
-        "data.segmenter: cannot use class_path",
-    ),
     "unknown-opencc": ("fit", ["--data.opencc=t3s"], "data.opencc: unknown OpenCC configuration 't3s'"),
     "segmenter-raises": (
         "preview",

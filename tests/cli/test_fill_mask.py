@@ -101,35 +101,20 @@ def test_fill_mask_reads_lightning_checkpoints_like_the_export(trained_run, caps
     assert from_ckpt[1:] == from_export[1:] and len(from_ckpt) > 10
 
 
-@pytest.mark.parametrize(("old", "new"), [("none", "attend"), ("zero", "exclude")])
-@pytest.mark.parametrize("given", ["flag", "equals", "config"])
-def test_old_mask_attention_values_are_refused_with_the_new_name(
-    tiny_model_dir, tmp_path, capsys, old, new, given
-):
-    if given == "flag":
-        args = ["--mask_attention", old]
-    elif given == "equals":
-        args = [f"--mask_attention={old}"]
-    else:
-        config = tmp_path / "fill.yaml"
-        config.write_text(f"mask_attention: {old}\n", encoding="utf-8")
-        args = ["--config", str(config)]
+def test_an_unknown_mask_attention_value_is_one_line_naming_the_accepted_ones(tiny_model_dir, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["fill-mask", "--model", str(tiny_model_dir), TEXT, *args])
+        main(["fill-mask", "--model", str(tiny_model_dir), TEXT, "--mask_attention", "hide"])
     assert exit_info.value.code == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert lines == [f"mlm_adapt: error: --mask_attention: '{old}' is now '{new}'"]
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert line.startswith('mlm_adapt: error: Parser key "mask_attention":')
+    assert "'attend', 'exclude'" in line and "hide" in line
 
 
-def test_predict_refuses_old_and_unknown_modes(tiny_model_dir, tiny_lm):
+def test_predict_refuses_an_unknown_mode(tiny_model_dir, tiny_lm):
     from transformers import AutoTokenizer
 
-    from mlm_adapt.errors import MLMAdaptError
-
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    with pytest.raises(MLMAdaptError, match="'zero' is now 'exclude'"):
-        predict(tiny_lm, tokenizer, TEXT, mask_attention="zero")
-    with pytest.raises(ValueError, match="use one of attend, exclude"):
+    with pytest.raises(ValueError, match="mask_attention='hide': use one of attend, exclude"):
         predict(tiny_lm, tokenizer, TEXT, mask_attention="hide")
 
 

@@ -60,8 +60,7 @@ def test_a_trainer_commands_help_once_built_answers_without_the_stack(command, t
     again, imported = run_fresh(command, "-h")
     assert again.returncode == 0 and imported == set(), again.stderr[-2000:]
     assert again.stdout == built.stdout and "--trainer.max_steps" in again.stdout
-    (kept,) = (tmp_path / "help").iterdir()
-    assert oct(kept.stat().st_mode & 0o777) == "0o600"
+    assert len(list((tmp_path / "help").iterdir())) == 1
     with_config, imported = run_fresh(command, "--config", str(REPO / "configs" / "demo.yaml"), "--help")
     assert with_config.returncode == 0 and imported == TRAINER_STACK  # its defaults: never from the cache
 
@@ -87,18 +86,11 @@ def test_the_help_cache_key_follows_the_code_and_the_terminal(monkeypatch, tmp_p
     assert help_cache.help_key("fit") != key
 
 
-def test_a_help_cache_someone_else_can_write_to_is_not_used(monkeypatch, tmp_path):
+def test_the_help_cache_is_where_its_setting_says_and_none_when_it_is_empty(monkeypatch, tmp_path):
     from mlm_adapt.cli import help_cache
 
-    shared = tmp_path / "shared"
-    shared.mkdir(mode=0o777)
-    shared.chmod(0o777)
-    assert not help_cache._private_dir(shared)
-    link = tmp_path / "link"
-    link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
-    (tmp_path / "elsewhere").mkdir(mode=0o700)
-    assert not help_cache._private_dir(link)
-    assert help_cache._private_dir(tmp_path / "fresh" / "help")
+    monkeypatch.setenv("MLM_ADAPT_HELP_CACHE", str(tmp_path / "help"))
+    assert help_cache.cache_dir() == tmp_path / "help"
     monkeypatch.setenv("MLM_ADAPT_HELP_CACHE", "")
     assert help_cache.cache_dir() is None
 

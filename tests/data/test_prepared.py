@@ -8,8 +8,6 @@ import shutil
 import signal
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 import torch
 from cli_process import run_command
@@ -178,40 +176,6 @@ def _shard(manifest: dict) -> dict:
     return manifest["splits"]["train"]["shards"][0]
 
 
-def _rewritten(directory: Path, manifest: dict, change) -> None:
-    """The first train shard rewritten by ``change`` (a pyarrow table function), its size recorded."""
-    path = directory / _shard(manifest)["file"]
-    table = change(pa.ipc.open_stream(pa.py_buffer(path.read_bytes())).read_all())
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    _shard(manifest)["bytes"] = path.stat().st_size
-
-
-def _shifted(column: str, by: int):
-    def change(table: pa.Table) -> pa.Table:
-        lists = table.column(column).combine_chunks()
-        values = pc.add(lists.values, pa.scalar(by, lists.type.value_type))
-        return table.set_column(
-            table.schema.get_field_index(column), column, type(lists).from_arrays(lists.offsets, values)
-        )
-
-    return change
-
-
-def _widened(table: pa.Table) -> pa.Table:
-    return table.cast(pa.schema([(name, pa.list_(pa.int64())) for name in table.column_names]))
-
-
-def _one_word_id_short(table: pa.Table) -> pa.Table:
-    words = table.column("word_ids").to_pylist()
-    words[0] = words[0][:-1]
-    return table.set_column(1, "word_ids", pa.array(words, table.schema.field("word_ids").type))
-
-
-def _train(manifest: dict) -> dict:
-    return manifest["splits"]["train"]
-
-
 CRAFTED = {
     "no_manifest": (lambda d, m: (d / "manifest.json").unlink(), "has no manifest.json"),
     "format_version": (lambda d, m: m.update(format_version=99), "format version 99"),
@@ -220,73 +184,12 @@ CRAFTED = {
         lambda d, m: m.update(format_version=2),
         "format version 2, this mlm_adapt reads 3; run `python -m mlm_adapt prepare",
     ),
-    "shard_outside": (lambda d, m: _shard(m).update(file="../../etc-00000-of-00001.arrow"), "no shard name"),
-    "shard_missing": (lambda d, m: (d / _shard(m)["file"]).unlink(), "is missing"),
-    "shard_truncated": (lambda d, m: os.truncate(d / _shard(m)["file"], 100), "100 bytes instead of"),
-    "shard_symlink": (
-        lambda d, m: (
-            (d / "x").write_bytes((d / _shard(m)["file"]).read_bytes()),
-            (d / _shard(m)["file"]).unlink(),
-            (d / _shard(m)["file"]).symlink_to(d / "x"),
-        ),
-        "a link",
-    ),
-    # The manifest's shape, key by key: a traceback from deep in loading otherwise.
-    "splits_a_list": (lambda d, m: m.update(splits=[]), "splits is a list, not the dict"),
-    "split_a_list": (lambda d, m: m["splits"].update(train=[]), "splits.train is a list where a mapping"),
-    "no_validation_split": (lambda d, m: m["splits"].pop("validation"), "splits has no 'validation' split"),
-    "set_names_no_split": (
-        lambda d, m: m.update(validation_sets={"validation": "validation_x"}),
-        "splits has no 'validation_x' split",
-    ),
-    "tokens_missing": (lambda d, m: _train(m).pop("tokens"), "splits.train.tokens is missing"),
-    "blocks_a_string": (
-        lambda d, m: _train(m).update(blocks="12"),
-        'splits.train.blocks is "12" where a count',
-    ),
-    "negative_count": (
-        lambda d, m: _train(m).update(documents=-1),
-        "splits.train.documents is -1 where a count",
-    ),
-    "shards_a_mapping": (lambda d, m: _train(m).update(shards={"a": 1}), "where a non-empty list belongs"),
-    "shard_a_string": (lambda d, m: _train(m).update(shards=["x"]), "splits.train.shards[0] is a str"),
-    "settings_a_list": (lambda d, m: m.update(settings=[]), "settings is a list, not the dict"),
-    "setting_of_another_type": (
-        lambda d, m: m["settings"].update(tokenizer="x"),
-        'other settings: tokenizer "x" → ',
-    ),
-    "blocks_not_the_shards_sum": (
-        lambda d, m: _train(m).update(blocks=_train(m)["blocks"] + 1),
-        "blocks but its shards list",
-    ),
-    "tokens_miscounted": (lambda d, m: _train(m).update(tokens=5), "tokens, its manifest says 5"),
-    "dtypes_edited": (
-        lambda d, m: m.update(dtypes={"input_ids": "int64", "word_ids": "int16"}),
-        "where this tokenizer's blocks are input_ids uint16, word_ids int16",
-    ),
-    # Shards rewritten with their recorded size: readable, and wrong.
-    "ids_beyond_the_vocabulary": (
-        lambda d, m: _rewritten(d, m, _shifted("input_ids", 30_000)),
-        "beyond the tokenizer's",
-    ),
-    "word_ids_beyond_the_block": (
-        lambda d, m: _rewritten(d, m, _shifted("word_ids", 1_000)),
-        "outside -1..63",
-    ),
-    "wider_types": (lambda d, m: _rewritten(d, m, _widened), "holds input_ids int64, word_ids int64 where"),
-    "word_ids_not_one_per_token": (
-        lambda d, m: _rewritten(d, m, _one_word_id_short),
-        "word ids do not match their tokens one for one",
-    ),
-    "corrupt_same_size": (
-        lambda d, m: (d / _shard(m)["file"]).write_bytes(b"\xff" * (d / _shard(m)["file"]).stat().st_size),
-        "is not a readable Arrow file",
-    ),
+    "shard_missing": (lambda d, m: (d / _shard(m)["file"]).unlink(), "is missing or not an Arrow file"),
 }
 
 
 @pytest.mark.parametrize("case", list(CRAFTED), ids=list(CRAFTED))
-def test_incomplete_or_crafted_directory_is_refused(tiny_model_dir, prepared_dir, tmp_path, case):
+def test_an_incomplete_or_foreign_directory_is_refused(tiny_model_dir, prepared_dir, tmp_path, case):
     edit, expected = CRAFTED[case]
     crafted = _crafted(prepared_dir, tmp_path, edit)
     dm = make_datamodule(tiny_model_dir, None, tmp_path, prepared_dir=str(crafted))

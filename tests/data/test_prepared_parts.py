@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from mlm_adapt.data.prepared import parse_shard, part_name, prepare_corpus
 from mlm_adapt.data.preprocess import BATCH
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.guard.locks import create_staging
+from mlm_adapt.guard.locks import STAGING_MARKER, create_staging
 
 # More documents than three map batches, so that shares of 2 and 3 tasks cut inside the corpus.
 DOCUMENTS = 3 * BATCH + 417
@@ -82,8 +81,9 @@ def test_a_rerun_keeps_a_finished_part_and_redoes_an_unfinished_one(tiny_model_d
     killed = create_staging(target / part_name(1, 2))
     killed.payload.mkdir()
     (killed.payload / "train-00000-of-00001.arrow").write_bytes(b"half")
-    os.close(killed.marker_fd)  # the kernel drops a killed writer's lock
+    killed.marker_lock.release(force=True)  # the kernel drops a killed writer's lock
     staging = killed.path
+    assert (staging / STAGING_MARKER).is_file()  # still recognisably a staging directory of the tool's
     with pytest.raises(MLMAdaptError, match=r"has 1 of 2 parts complete \(missing: task 1\)"):
         _splits(tiny_model_dir, target, tmp_path)
     _prepare(tiny_model_dir, corpus, tmp_path / "c1", target, (1, 2))

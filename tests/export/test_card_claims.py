@@ -60,10 +60,9 @@ def test_the_card_states_replay_as_configured_and_the_budgets_trajectory():
     replay = Replay(general=[], schedule=parse_mix_rate(0.0), budget=0.2)
     for step, perplexity in [(0, 100.0), (10, 135.0), (20, 128.0), (30, 118.0)]:
         replay.update(step, perplexity)
-    # The data hyperparameters of a checkpoint written before the forgetting options were their own group.
     info = ExportInfo(
         model_hparams={"model_name_or_path": "tiny"},
-        data_hparams={"train_files": ["a"], "mix_files": ["news.txt"], "forgetting_budget": 0.2},
+        data_hparams={"train_files": ["a"], "mix_files": ["news.txt"], "forgetting": {"budget": 0.2}},
         replay=replay_summary(replay.state_dict()),
     )
     card = str(render_model_card(info, title="demo"))

@@ -102,3 +102,24 @@ def test_crafted_checkpoint_runs_no_code(command, tmp_path, monkeypatch, capsys)
     err = refused(args, capsys)
     assert "refusing to load evil.ckpt" in err and "exec" in err
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("found", [None, 1], ids=["no_format", "format_1"])
+def test_a_checkpoint_of_another_format_is_refused_in_one_line(trained_run, found, tmp_path, capsys):
+    from mlm_adapt.guard.loads import load_weights_only
+    from mlm_adapt.model.module import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_KEY
+
+    checkpoint = load_weights_only(trained_run / "checkpoints" / "last.ckpt")
+    assert checkpoint.pop(CHECKPOINT_FORMAT_KEY) == CHECKPOINT_FORMAT  # fit writes it
+    if found is not None:
+        checkpoint[CHECKPOINT_FORMAT_KEY] = found
+    older = tmp_path / "older.ckpt"
+    torch.save(checkpoint, older)
+    out = tmp_path / "out"
+    err = refused(["export", f"--ckpt_path={older}", f"--output_dir={out}"], capsys)
+    written = "mlm_adapt 0.2 or earlier (or not by mlm_adapt)" if found is None else f"format {found}"
+    assert err.startswith(
+        f"mlm_adapt: error: --ckpt_path: {older} was written by {written}, and this mlm_adapt reads "
+        f"checkpoint format {CHECKPOINT_FORMAT}; export it with the mlm_adapt that wrote it"
+    ), err
+    assert not out.exists()

@@ -48,11 +48,29 @@ def test_lightning_checkpoint_of_a_real_run_loads_weights_only(trained_run):
     assert any(k.startswith("model.") for k in checkpoint["state_dict"])
 
 
-def test_unreadable_file_is_one_line(tmp_path):
+def _truncated(path: Path) -> bytes:
+    torch.save({"state_dict": {"w": torch.zeros(100)}}, path)
+    return path.read_bytes()[: path.stat().st_size // 2]
+
+
+BROKEN = {
+    "empty": (lambda path: b"", " as a Lightning checkpoint: damaged (EOFError)"),
+    "truncated": (_truncated, " as a Lightning checkpoint: damaged (PytorchStreamReader failed"),
+    "garbage": (lambda path: b"not a checkpoint", ": not a checkpoint (its pickle is damaged or foreign)"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_broken_file_is_one_line(tmp_path, case, mmap):
+    content, expected = BROKEN[case]
     broken = tmp_path / "broken.ckpt"
-    broken.write_bytes(b"not a checkpoint")
-    with pytest.raises(MLMAdaptError, match=r"^--model: cannot read .*broken\.ckpt as a Lightning"):
-        load_weights_only(broken, key="--model")
+    broken.write_bytes(content(broken))
+    with pytest.raises(MLMAdaptError) as error:
+        load_weights_only(broken, key="--model", mmap=mmap)
+    message = str(error.value)
+    assert message.startswith(f"--model: cannot read {broken}{expected}"), message
+    assert "\n" not in message and "weights_only" not in message
 
 
 def sharded_checkpoint(directory: Path) -> Path:

