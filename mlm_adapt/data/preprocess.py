@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import datasets
 import numpy as np
 import pyarrow as pa
+import torch
 from datasets.fingerprint import Hasher
 from datasets.utils import tqdm as hf_tqdm
 from transformers import PreTrainedTokenizerBase
@@ -230,6 +231,9 @@ def _worker(job: Callable[..., None], rows: range, path: Path, pipe: Connection)
     # its workers on the way out; a worker whose parent was killed ends at its next report.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signum, signal.SIG_IGN)
+    # The parent's OpenMP threads do not survive the fork: torch run by a segmenter here would wait on them
+    # forever. One thread, as in DataLoader workers.
+    torch.set_num_threads(1)
     try:
         job(rows, path, pipe.send)
         pipe.send(None)

