@@ -21,7 +21,7 @@ from mlm_adapt.cli.usage import ABOUT
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.data.forgetting import ForgettingOptions
 from mlm_adapt.downstream import DownstreamEvaluation
-from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.errors import MLMAdaptError, exception_line
 from mlm_adapt.export import HFExport
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.model.checkpoints import checkpoint_metadata
@@ -250,7 +250,10 @@ class MLMAdaptCLI(LightningCLI):
             progress_bar=trainer_config.get("enable_progress_bar") is not False,
             logger=trainer_config.get("logger") not in (False, []),
         )
-        return super().instantiate_trainer(**kwargs)
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except ValueError as exc:  # Lightning's check of its arguments (FSDP without a GPU, ...)
+            raise MLMAdaptError(f"trainer: {exception_line(exc)}") from None
 
 
 class DataOnlyCLI(MLMAdaptCLI):
