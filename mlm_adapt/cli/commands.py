@@ -11,6 +11,7 @@ commands to build LightningCLI's parser), so ``--help`` and a refused option ans
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import signal
 import sys
@@ -277,6 +278,12 @@ def silence_third_party_noise() -> None:
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
     # Lightning's own use of torch.utils._pytree (lightning/pytorch/utilities/_pytree.py).
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # Lightning's advertising ("💡 Tip: ... try installing litlogger"), logged at every Trainer's start.
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_no_tips)
+
+
+def _no_tips(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("💡")
 
 
 def main(args: list[str] | None = None) -> None:

@@ -55,7 +55,8 @@ def load_for_inference(model: str) -> "tuple[PreTrainedModel, PreTrainedTokenize
         return module.model.eval(), tokenizer_for(checkpoint)
     # The tokenizer first: it is the cheaper of the two to find missing.
     tokenizer = pretrained_tokenizer(model, "--model")
-    return pretrained_masked_lm(model, "--model").eval(), tokenizer
+    lm, _ = pretrained_masked_lm(model, "--model")
+    return lm.eval(), tokenizer
 
 
 def _probs(model: "PreTrainedModel", input_ids: "torch.Tensor", banned: list[int], hidden: int | None):

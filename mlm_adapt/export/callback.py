@@ -319,6 +319,7 @@ class HFExport(ExportOptions, L.Callback):
         )
         report = getattr(datamodule, "replay_report", None)  # what replay under a forgetting budget did
         info = ExportInfo(
+            head=getattr(pl_module, "head", None),
             model_hparams=dict(pl_module.hparams),
             data_hparams=dict(getattr(datamodule, "hparams", {}) or {}),
             baseline_metrics=baseline,
@@ -385,6 +386,7 @@ def export_checkpoint(
     history = {int(k): v for k, v in (state.get("val_history") or {}).items()}
     final, final_step = val_metrics_at(history, checkpoint.get("global_step"))
     info = ExportInfo(
+        head=module.head,
         model_hparams=dict(checkpoint.get("hyper_parameters") or {}),
         data_hparams=dict(checkpoint.get("datamodule_hyper_parameters") or {}),
         baseline_metrics=module.baseline_metrics,

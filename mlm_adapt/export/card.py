@@ -13,6 +13,7 @@ from mlm_adapt.data.forgetting import as_forgetting
 from mlm_adapt.data.replay import parse_mix_rate, segment_columns
 from mlm_adapt.masking.collator import SCHEME_DESCRIPTIONS
 from mlm_adapt.masking.schedule import parse_schedule
+from mlm_adapt.model.loading import HEAD_PARTIAL, HEAD_UNTRAINED
 from mlm_adapt.model.metrics import before_after_names, validation_prefix
 
 CONFIG_FILENAME = "training_config.yaml"
@@ -34,7 +35,8 @@ class ExportInfo:
     Hub repository of the usage example; ``replay`` what replay under ``forgetting.budget`` did
     (:func:`~mlm_adapt.data.replay.replay_summary`); ``tags`` the Hub tags given (``None``: :func:`run_tags`);
     ``model_type`` and ``mask_token`` those of the exported model and tokenizer (the family's tag, the
-    usage example's mask).
+    usage example's mask); ``head`` what the base checkpoint's masked-LM head was
+    (:func:`~mlm_adapt.model.loading.check_head`; ``None``: a random init).
     """
 
     model_hparams: dict[str, Any] = field(default_factory=dict)
@@ -53,6 +55,7 @@ class ExportInfo:
     replay: dict[str, Any] = field(default_factory=dict)
     model_type: str | None = None
     mask_token: str = "[MASK]"
+    head: str | None = None
 
     def resolved_config(self) -> str:
         """The YAML written next to the weights: LightningCLI's resolved config, else the hyperparameters."""
@@ -296,6 +299,14 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
             lines.append(f"| {name} | {b} | {a} |")
     else:
         lines.append("No validation metrics were recorded for this checkpoint.")
+    if info.head in (HEAD_UNTRAINED, HEAD_PARTIAL):
+        what = "had no masked-LM head (an encoder-only checkpoint)"
+        if info.head == HEAD_PARTIAL:
+            what = "held only part of its masked-LM head"
+        lines += [
+            "",
+            f"`{base}` {what}: the head started untrained, so the before column scores it, not the encoder.",
+        ]
     files = data.get("train_files") or ([data["dataset_name"]] if data.get("dataset_name") else [])
     if data.get("prepared_dir"):  # the run read only the directory, whatever train_files said
         files = f"the prepared directory `{data['prepared_dir']}` (`python -m mlm_adapt prepare`)"

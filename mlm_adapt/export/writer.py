@@ -39,7 +39,8 @@ def verify_export(
     ``name``: the user's path rather than a staging directory)."""
     name = name or directory
     param = next(model.parameters())
-    reloaded = pretrained_masked_lm(str(directory), "export", dtype=param.dtype).to(param.device).eval()
+    reloaded, _ = pretrained_masked_lm(str(directory), "export", dtype=param.dtype)
+    reloaded = reloaded.to(param.device).eval()
     limit = position_limit(model)[0]
     batch = probe_batch(tokenizer, limit)
     reloaded_batch = probe_batch(pretrained_tokenizer(str(directory), "export"), limit)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from transformers import AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.initialization import no_init_weights
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
@@ -227,27 +227,80 @@ def check_trainer_fits(
     check_fits(model.config, size, config_source(name), key, training, device, already_held=held)
 
 
-def pretrained_masked_lm(name: str, key: str, training: bool = False, **kwargs: Any) -> PreTrainedModel:
+# What the masked-LM head of a loaded checkpoint is: the card and the before column say it.
+HEAD_TRAINED, HEAD_UNTRAINED, HEAD_PARTIAL = "trained", "untrained", "partly trained"
+
+
+def check_head(
+    model: PreTrainedModel, missing_keys: Sequence[str], name: str, key: str, allow_partial: bool = False
+) -> str:
+    """What ``model``'s masked-LM head is, from the keys its checkpoint ``name`` lacked (transformers'
+    loading report): :data:`HEAD_TRAINED`; :data:`HEAD_UNTRAINED` for an encoder-only checkpoint (one line
+    says so); :data:`HEAD_PARTIAL` only with ``allow_partial``, else refused. A decoder that is not tied to
+    the input embeddings although the config ties them is refused: it would predict from weights that are
+    never trained (transformers 5 has shipped such a loading bug)."""
+    output, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = getattr(model.config.get_text_config(), "tie_word_embeddings", False)
+    if tied and output is not None and output.weight is not embeddings.weight:
+        raise MLMAdaptError(
+            f"{key}: {name}: the masked-LM decoder is not tied to the input embeddings though its config "
+            "sets tie_word_embeddings, so it would predict from weights that are never trained; load it with "
+            "a transformers version that ties them"
+        )
+    prefix = f"{model.base_model_prefix}."
+    # The head's own parameters; a decoder tied to the embeddings is the encoder's (whichever name lists it).
+    head = {n for n, p in model.named_parameters() if not n.startswith(prefix) and p is not embeddings.weight}
+    missing = head & set(missing_keys)
+    if not missing:
+        return HEAD_TRAINED
+    if missing == head:
+        kind = ", ".join(model.config.architectures or []) or "no head"
+        rank_zero_warn(
+            f"{key}: {name} has no masked-LM head (an encoder-only checkpoint: {kind}): the head starts "
+            "untrained, so the before column scores an untrained head, not the encoder"
+        )
+        return HEAD_UNTRAINED
+    if not allow_partial:
+        raise MLMAdaptError(
+            f"{key}: {name} holds only part of its masked-LM head (missing "
+            f"{', '.join(sorted(missing)[:3])}): those weights would start random beside trained ones; give "
+            "the complete checkpoint, or set model.allow_partial_head: true to train them"
+        )
+    untrained = ", ".join(sorted(missing))
+    rank_zero_warn(f"{key}: {name}: part of the masked-LM head starts untrained ({untrained})")
+    return HEAD_PARTIAL
+
+
+def pretrained_masked_lm(
+    name: str, key: str, training: bool = False, allow_partial_head: bool = False, **kwargs: Any
+) -> tuple[PreTrainedModel, str]:
     """``AutoModelForMaskedLM.from_pretrained(name, **kwargs)`` without code, after :func:`check_masked_lm`
-    (messages start with ``key``). A ``ValueError`` other than a refused file is left to the caller (an
-    architecture without an MLM head)."""
+    (messages start with ``key``), and what its head is (:func:`check_head`). A ``ValueError`` other than a
+    refused file is left to the caller (an architecture without an MLM head)."""
     check_local(name, key, check_config_dir, check_weight_files)
     config = kwargs.get("config") or pretrained_config(name, key)
     check_masked_lm(config, name, key, pretrained=True, training=training)
     try:
-        return AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=TRUST_REMOTE_CODE, **kwargs)
+        model, report = AutoModelForMaskedLM.from_pretrained(
+            name, trust_remote_code=TRUST_REMOTE_CODE, output_loading_info=True, **kwargs
+        )
     except (OSError, ValueError) as exc:
         if isinstance(exc, ValueError) and "trust_remote_code" not in str(exc):
             raise
         raise MLMAdaptError(f"{key}: cannot load a masked LM from {name!r}: {safe_line(exc)}") from None
+    return model, check_head(model, report["missing_keys"], name, key, allow_partial_head)
 
 
 def load_masked_lm(
-    model_name_or_path: str, pretrained: bool = True, attn_implementation: str | None = "sdpa"
-) -> PreTrainedModel:
-    """Loads a masked LM (random init from the config unless ``pretrained``), refusing decoder and causal-LM
-    checkpoints in one line; ``sdpa`` attention falls back to the default (with an info line) for a model
-    class without it (DeBERTa-v2)."""
+    model_name_or_path: str,
+    pretrained: bool = True,
+    attn_implementation: str | None = "sdpa",
+    allow_partial_head: bool = False,
+) -> tuple[PreTrainedModel, str | None]:
+    """Loads a masked LM (random init from the config unless ``pretrained``) and what its head is
+    (:func:`check_head`; ``None`` for a random init), refusing decoder and causal-LM checkpoints in one
+    line; ``sdpa`` attention falls back to the default (with an info line) for a model class without it
+    (DeBERTa-v2)."""
     key = "model.model_name_or_path"
     config = pretrained_config(model_name_or_path, key)
     architectures = config.architectures or []
@@ -269,11 +322,12 @@ def load_masked_lm(
     try:
         if pretrained:
             kwargs = {"config": config, "attn_implementation": attn_implementation}
-            return pretrained_masked_lm(model_name_or_path, key, training=training, **kwargs)
+            return pretrained_masked_lm(model_name_or_path, key, training, allow_partial_head, **kwargs)
         check_masked_lm(config, model_name_or_path, key, pretrained=False, training=training)
-        return AutoModelForMaskedLM.from_config(
+        model = AutoModelForMaskedLM.from_config(
             config, attn_implementation=attn_implementation, trust_remote_code=TRUST_REMOTE_CODE
         )
+        return model, None
     except ValueError as exc:
         if "Unrecognized configuration class" in str(exc):
             raise MLMAdaptError(

@@ -129,6 +129,8 @@ class MLMThroughputMonitor(ThroughputMonitor):
 
 # Where a checkpoint holds the tokens ``model.new_tokens_file`` added (see ``model.checkpoints``).
 NEW_TOKENS_KEY = "mlm_adapt_new_tokens"
+# What the base checkpoint's masked-LM head was when the run started (model.loading.check_head).
+HEAD_KEY = "mlm_adapt_base_head"
 # The format of the checkpoints fit writes (what the run's state holds and where: the resume record, the
 # replay state, the new tokens). The tool's own files are trusted: one whose format differs is refused in
 # one line, never read field by field. Raise it whenever that state changes shape or meaning.
@@ -172,6 +174,8 @@ class MaskedLMModule(L.LightningModule):
             for about a third more compute, same loss and gradients.
         log_throughput: Add :class:`MLMThroughputMonitor` (tokens/s, MFU, ...) unless the trainer has a
             ``ThroughputMonitor``.
+        allow_partial_head: Load a checkpoint that holds only part of its masked-LM head, the missing weights
+            starting random (refused otherwise). An encoder-only checkpoint (no head at all) always loads.
     """
 
     def __init__(
@@ -190,6 +194,7 @@ class MaskedLMModule(L.LightningModule):
         compile_options: dict[str, Any] | None = None,
         log_throughput: bool = True,
         gradient_checkpointing: bool = False,
+        allow_partial_head: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer"])
@@ -197,7 +202,11 @@ class MaskedLMModule(L.LightningModule):
             raise MLMAdaptError(f"model.warmup={warmup} must be >= 0 (fraction < 1 or a number of steps)")
         self.optimizer = optimizer
         # from_pretrained returns the model in eval mode; Lightning expects train mode at fit start.
-        self.model = load_masked_lm(model_name_or_path, pretrained, attn_implementation).train()
+        # ``head``: what the base checkpoint's masked-LM head was (loading.check_head; None: random init).
+        self.model, self.head = load_masked_lm(
+            model_name_or_path, pretrained, attn_implementation, allow_partial_head
+        )
+        self.model.train()
         limit, found = position_limit(self.model)
         if limit is not None and max_seq_length > limit:
             raise MLMAdaptError(
@@ -438,6 +447,7 @@ class MaskedLMModule(L.LightningModule):
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[CHECKPOINT_FORMAT_KEY] = CHECKPOINT_FORMAT
+        checkpoint[HEAD_KEY] = self.head
         checkpoint["mlm_adapt_baseline_metrics"] = dict(self.baseline_metrics)
         checkpoint[NEW_TOKENS_KEY] = list(self.new_tokens)
 
@@ -445,3 +455,4 @@ class MaskedLMModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         check_checkpoint_format(checkpoint, getattr(self._trainer, "ckpt_path", None) or "the checkpoint")
         self.baseline_metrics = dict(checkpoint.get("mlm_adapt_baseline_metrics", {}))
+        self.head = checkpoint.get(HEAD_KEY)

@@ -39,6 +39,7 @@ def test_fit_through_the_cli_lowers_validation_loss(tiny_model_dir, corpus_file,
     flops = re.search(r"Total FLOPs: (\S+)|^(\S+)\s+Total Flops$", output, re.MULTILINE)
     assert flops and (flops.group(1) or flops.group(2)) != "0", output[-3000:]
     assert "set_vital" not in result.stderr and "LeafSpec" not in result.stderr
+    assert "💡" not in output and "litlogger" not in output
 
 
 @pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))

@@ -91,12 +91,12 @@ def test_lightning_misconfiguration_is_one_line_traceback_under_debug(
     assert type(raised.value).__name__ == "MisconfigurationException"
 
 
-
 def test_lightning_value_error_about_its_arguments_is_one_line(data_args, capsys, monkeypatch):
     monkeypatch.setenv("MLM_ADAPT_DEBUG", "0")
     args = ["fit", *data_args(), "--trainer.accelerator=cpu", "--trainer.strategy=fsdp"]
     message = fails_with(args, capsys)  # Lightning raises a ValueError when it builds the Trainer
     assert message.startswith("mlm_adapt: error: trainer: ") and "fsdp" in message and "GPU" in message
+
 
 @pytest.mark.slow
 def test_traceback_only_with_debug_in_a_subprocess(tiny_model_dir, tmp_path):

@@ -33,6 +33,8 @@ def test_fit_export_reload_and_fill_mask(family, tmp_path):
     )
     result = run_cli("fit", *args)
     assert result.returncode == 0, result.stderr[-3000:]
+    # A full checkpoint of the family loads without a word about its head; no library advertises.
+    assert "masked-LM head" not in result.stderr and "💡" not in result.stdout + result.stderr
     rows = list(csv.DictReader(next(tmp_path.rglob("metrics.csv")).open()))
     val = [(int(r["step"]), float(r["val/perplexity"])) for r in rows if r.get("val/perplexity")]
     assert val[0][0] == 0 and val[-1][0] == 6  # the step-0 baseline, then the final weights
