@@ -81,6 +81,6 @@ def test_a_model_without_sdpa_loads_with_its_own_attention():
     from mlm_adapt.model.loading import load_masked_lm
 
     # model.attn_implementation defaults to sdpa, which DeBERTa-v2 lacks: loading used to fail.
-    model = load_masked_lm(str(family_dir("deberta")), attn_implementation="sdpa")
+    model, _ = load_masked_lm(str(family_dir("deberta")), attn_implementation="sdpa")
     assert model.config._attn_implementation == "eager"
-    assert load_masked_lm(str(family_dir("bert"))).config._attn_implementation == "sdpa"
+    assert load_masked_lm(str(family_dir("bert")))[0].config._attn_implementation == "sdpa"

@@ -118,9 +118,10 @@ def test_the_count_is_exact_for_every_family(family, monkeypatch):
 
 
 def test_a_tiny_model_still_loads(tiny_model_dir):
-    model = load_masked_lm(str(tiny_model_dir))
-    assert isinstance(model, BertForMaskedLM) and model.device.type == "cpu"
-    assert load_masked_lm(str(tiny_model_dir), pretrained=False).config.vocab_size == model.config.vocab_size
+    model, head = load_masked_lm(str(tiny_model_dir))
+    assert isinstance(model, BertForMaskedLM) and model.device.type == "cpu" and head == "trained"
+    random, head = load_masked_lm(str(tiny_model_dir), pretrained=False)
+    assert random.config.vocab_size == model.config.vocab_size and head is None
 
 
 def test_too_little_memory_refuses_even_a_tiny_model(tiny_model_dir, monkeypatch):
