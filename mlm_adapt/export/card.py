@@ -293,7 +293,9 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     if before or after:
         step = info.final_metrics_step
         after_head = f"after (step {step})" if step is not None else "after"
-        lines += [f"| metric | before (step 0, `{base}`) | {after_head} |", "|---|---:|---:|"]
+        warmup = info.model_hparams.get("head_warmup_steps") or 0
+        before_head = f"step {warmup}, after a head warm-up" if warmup else "step 0"
+        lines += [f"| metric | before ({before_head}, `{base}`) | {after_head} |", "|---|---:|---:|"]
         for name in before_after_names(before, after):
             b, a = (_fmt(v[name], 4) if v.get(name) is not None else "n/a" for v in (before, after))
             lines.append(f"| {name} | {b} | {a} |")

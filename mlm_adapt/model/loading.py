@@ -227,6 +227,13 @@ def check_trainer_fits(
     check_fits(model.config, size, config_source(name), key, training, device, already_held=held)
 
 
+def head_parameters(model: PreTrainedModel) -> dict[str, torch.nn.Parameter]:
+    """The masked-LM head's own parameters by name: those outside the encoder (``base_model_prefix``); a
+    decoder tied to the input embeddings is the encoder's, whichever name lists it."""
+    prefix, embeddings = f"{model.base_model_prefix}.", model.get_input_embeddings().weight
+    return {n: p for n, p in model.named_parameters() if not n.startswith(prefix) and p is not embeddings}
+
+
 # What the masked-LM head of a loaded checkpoint is: the card and the before column say it.
 HEAD_TRAINED, HEAD_UNTRAINED, HEAD_PARTIAL = "trained", "untrained", "partly trained"
 
@@ -247,9 +254,7 @@ def check_head(
             "sets tie_word_embeddings, so it would predict from weights that are never trained; load it with "
             "a transformers version that ties them"
         )
-    prefix = f"{model.base_model_prefix}."
-    # The head's own parameters; a decoder tied to the embeddings is the encoder's (whichever name lists it).
-    head = {n for n, p in model.named_parameters() if not n.startswith(prefix) and p is not embeddings.weight}
+    head = set(head_parameters(model))
     missing = head & set(missing_keys)
     if not missing:
         return HEAD_TRAINED

@@ -24,6 +24,7 @@ from mlm_adapt.model.heads import check_document_attention, document_inputs, spl
 from mlm_adapt.model.loading import (
     enable_gradient_checkpointing,
     extend_embeddings,
+    head_parameters,
     load_masked_lm,
     position_limit,
 )
@@ -176,6 +177,9 @@ class MaskedLMModule(L.LightningModule):
             ``ThroughputMonitor``.
         allow_partial_head: Load a checkpoint that holds only part of its masked-LM head, the missing weights
             starting random (refused otherwise). An encoder-only checkpoint (no head at all) always loads.
+        head_warmup_steps: Optimizer steps that train the masked-LM head alone, the encoder and embeddings
+            unchanged, before the whole model: an untrained head (an encoder-only checkpoint) would otherwise
+            push large gradients into the pretrained encoder. The before column is scored after them.
     """
 
     def __init__(
@@ -195,9 +199,12 @@ class MaskedLMModule(L.LightningModule):
         log_throughput: bool = True,
         gradient_checkpointing: bool = False,
         allow_partial_head: bool = False,
+        head_warmup_steps: int = 0,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer"])
+        if head_warmup_steps < 0:
+            raise MLMAdaptError(f"model.head_warmup_steps={head_warmup_steps} must be >= 0")
         if warmup < 0:
             raise MLMAdaptError(f"model.warmup={warmup} must be >= 0 (fraction < 1 or a number of steps)")
         self.optimizer = optimizer
@@ -387,8 +394,16 @@ class MaskedLMModule(L.LightningModule):
             return value
         return self.trainer.strategy.reduce(value, reduce_op="sum")
 
+    def encoder_parameters(self) -> list[nn.Parameter]:
+        """Every parameter but the masked-LM head's own (a decoder tied to the embeddings is not its own)."""
+        head = {id(p) for p in head_parameters(self.model).values()}
+        return [p for p in self.model.parameters() if id(p) not in head]
+
     @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.global_step < self.hparams.get("head_warmup_steps", 0):
+            for param in self.encoder_parameters():  # the head alone learns: no update, no weight decay
+                param.grad = None
         if self._step_sums is None:
             return
         total_loss, total_count = self._sum_over_ranks(self._step_sums).unbind()  # one all-reduce per step

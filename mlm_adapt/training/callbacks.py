@@ -19,6 +19,7 @@ from typing_extensions import override
 from mlm_adapt.data.forgetting import ForgettingOptions
 from mlm_adapt.data.replay import describe_replay
 from mlm_adapt.data.samplers import KeyedDataset
+from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.metrics import before_after_metrics, metrics_table
 from mlm_adapt.training.exact_resume import ExactResume
 from mlm_adapt.training.resume import ResumeMatch
@@ -37,13 +38,28 @@ def run_validation(trainer: L.Trainer) -> dict[str, float]:
     return before_after_metrics(trainer.callback_metrics)
 
 
+def baseline_step(pl_module: L.LightningModule) -> int:
+    """The step the before column is scored at: 0, or after ``model.head_warmup_steps``."""
+    return int((getattr(pl_module, "hparams", None) or {}).get("head_warmup_steps", 0))
+
+
 class BeforeAfterValidation(L.Callback):
-    """Validates the unadapted model when ``fit`` starts and the final weights when it ends (unless the
-    last validation ran at the final step); rank 0 prints the before/after table.
+    """Validates the unadapted model when ``fit`` starts (after the head warm-up, if any) and the final
+    weights when it ends (unless the last validation ran at the final step); rank 0 prints the before/after
+    table.
 
     Both are real validation passes of the fit loop, seen by every logger, checkpoint callback and the
-    export. The step-0 metrics are kept in the module (``baseline_metrics``, saved in every checkpoint).
+    export. The baseline metrics are kept in the module (``baseline_metrics``, saved in every checkpoint).
     """
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        warmup = baseline_step(pl_module)
+        if warmup and 0 < trainer.max_steps <= warmup:
+            raise MLMAdaptError(
+                f"model.head_warmup_steps={warmup} leaves no step to train the whole model in "
+                f"trainer.max_steps={trainer.max_steps}; set it below max_steps"
+            )
 
     @override
     def on_train_batch_start(
@@ -51,8 +67,8 @@ class BeforeAfterValidation(L.Callback):
     ) -> None:
         # Before the first optimizer step rather than in on_train_start: every callback has started by now
         # (ThroughputMonitor's validation hooks need their train-start state).
-        if trainer.global_step > 0 or getattr(pl_module, "baseline_metrics", None):
-            return  # resumed (or done): the baseline came with the checkpoint
+        if trainer.global_step != baseline_step(pl_module) or getattr(pl_module, "baseline_metrics", None):
+            return  # in the head warm-up, resumed or done: the baseline is later or in the checkpoint
         pl_module.baseline_metrics = run_validation(trainer)
 
     @override
@@ -66,6 +82,8 @@ class BeforeAfterValidation(L.Callback):
         after = before_after_metrics(trainer.callback_metrics)
         if before and after and trainer.is_global_zero:
             print(metrics_table(before, after))
+            if warmup := baseline_step(pl_module):
+                print(f"before: step {warmup}, after model.head_warmup_steps={warmup} trained the head alone")
 
 
 class GlobalBatchInfo(L.Callback):
@@ -259,9 +277,10 @@ class ForgettingBudget(L.Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        # The baseline: before step 0, or before the first resumed step when the budget came on resume.
+        # The baseline: before step 0 (after the head warm-up), or before the first resumed step when the
+        # budget came on resume.
         replay = self._replay(trainer)
-        if replay is not None and replay.baseline is None:
+        if replay is not None and replay.baseline is None and trainer.global_step >= baseline_step(pl_module):
             self._check(trainer, pl_module, replay)
 
     @override
@@ -270,7 +289,7 @@ class ForgettingBudget(L.Callback):
     ) -> None:
         replay = self._replay(trainer)
         step = trainer.global_step
-        if replay is None or step == 0 or step % self.interval(trainer):
+        if replay is None or step <= baseline_step(pl_module) or step % self.interval(trainer):
             return
         if replay.checks and replay.checks[-1].step >= step:
             return  # gradient accumulation: the step's other batches end here too

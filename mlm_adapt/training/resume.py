@@ -42,6 +42,7 @@ FIXED_SETTINGS: dict[tuple[str, str], str] = {
     ("data", "batch_size"): "the data loader position is counted in batches",
     ("data", "packing"): "the data blocks and the position of the data loader depend on it",
     ("model", "optimizer"): "the optimizer state restored from the checkpoint (learning rate included) wins",
+    ("model", "head_warmup_steps"): "the steps that train the head alone, and the baseline's, depend on it",
     # The words (whole-word masking units) of the training blocks: the segmenter's class and init args.
     ("data", "segmenter"): "the words masked as a whole depend on it",
     ("data", "opencc"): "the words masked as a whole depend on it",

@@ -4,6 +4,8 @@ refused in one line."""
 
 from __future__ import annotations
 
+import csv
+import json
 import shutil
 import warnings
 from pathlib import Path
@@ -100,3 +102,52 @@ def test_fit_from_an_encoder_only_checkpoint_says_so_trains_and_the_card_records
     assert len(said) == 1 and str(directory) in said[0], said
     card = (export / "README.md").read_text(encoding="utf-8")
     assert "had no masked-LM head (an encoder-only checkpoint)" in card
+
+
+def test_a_head_warm_up_trains_the_head_alone_and_scores_the_baseline_after_it(tmp_path, corpus_file, capsys):
+    directory = encoder_only("bert", tmp_path / "encoder")
+    checkpoints, export = tmp_path / "ckpt", tmp_path / "export"
+    every_step = {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"dirpath": str(checkpoints), "every_n_train_steps": 1, "save_top_k": -1},
+    }
+    args = tiny_fit_args(
+        directory,
+        corpus_file,
+        tmp_path,
+        "--trainer.max_steps=4",
+        "--model.head_warmup_steps=2",
+        f"--trainer.callbacks+={json.dumps(every_step)}",
+        "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+        f"--trainer.logger.save_dir={tmp_path}",
+        f"--export.output_dir={export}",
+    )
+    main(["fit", *args])
+    base = load_file(directory / "model.safetensors")
+
+    def weights(step: int) -> dict[str, torch.Tensor]:
+        (path,) = checkpoints.glob(f"*step={step}*.ckpt")
+        state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+        return {k.removeprefix("model."): v for k, v in state.items()}
+
+    encoder = [name for name in base if f"bert.{name}" in weights(2) or name in weights(2)]
+    assert encoder
+    for step, unchanged in ((2, True), (4, False)):
+        state = weights(step)
+        same = [torch.equal(state.get(f"bert.{n}", state.get(n)), base[n]) for n in encoder]
+        assert all(same) if unchanged else not all(same), step
+    head = "cls.predictions.transform.dense.weight"
+    assert not torch.equal(weights(1)[head], weights(2)[head])  # the head learns during the warm-up
+    (metrics,) = tmp_path.rglob("metrics.csv")
+    steps = [int(r["step"]) for r in csv.DictReader(metrics.open()) if r.get("val/loss")]
+    assert steps[0] == 2, steps  # the baseline is scored after the warm-up
+    assert "before: step 2, after model.head_warmup_steps=2" in capsys.readouterr().out
+    card = (export / "README.md").read_text(encoding="utf-8")
+    assert "before (step 2, after a head warm-up" in card
+
+
+def test_a_head_warm_up_as_long_as_the_run_is_refused(tmp_path, corpus_file, capsys):
+    args = tiny_fit_args(family_dir("bert"), corpus_file, tmp_path, "--trainer.max_steps=2")
+    with pytest.raises(SystemExit):
+        main(["fit", *args, "--model.head_warmup_steps=2"])
+    assert "model.head_warmup_steps=2 leaves no step to train the whole model" in capsys.readouterr().err
