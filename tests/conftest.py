@@ -114,15 +114,13 @@ def run_cli(
     """
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     if not fresh_interpreter:
-        return run_command(list(args), cwd, env, timeout)
-    return subprocess.run(
-        [sys.executable, "-m", "mlm_adapt", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+        result = run_command(list(args), cwd, env, timeout)
+    else:
+        command = [sys.executable, "-m", "mlm_adapt", *args]
+        result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    # Whatever the command: the libraries' advertising is not part of the tool's output.
+    assert "💡" not in result.stdout + result.stderr, (result.stdout + result.stderr)[-3000:]
+    return result
 
 
 def make_datamodule(model_dir: Path, corpus_file: Path | None, cache_root: Path, **overrides):

@@ -290,10 +290,10 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         f"its exponential). {_evaluation_masks(data)} {sets}.",
         "",
     ]
+    warmup = info.model_hparams.get("head_warmup_steps") or 0
     if before or after:
         step = info.final_metrics_step
         after_head = f"after (step {step})" if step is not None else "after"
-        warmup = info.model_hparams.get("head_warmup_steps") or 0
         before_head = f"step {warmup}, after a head warm-up" if warmup else "step 0"
         lines += [f"| metric | before ({before_head}, `{base}`) | {after_head} |", "|---|---:|---:|"]
         for name in before_after_names(before, after):
@@ -305,10 +305,10 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         what = "had no masked-LM head (an encoder-only checkpoint)"
         if info.head == HEAD_PARTIAL:
             what = "held only part of its masked-LM head"
-        lines += [
-            "",
-            f"`{base}` {what}: the head started untrained, so the before column scores it, not the encoder.",
-        ]
+        scored = "so the before column scores it, not the encoder"
+        if warmup:
+            scored = f"and trained alone for {warmup} steps before the before column was scored"
+        lines += ["", f"`{base}` {what}: the head started untrained, {scored}."]
     files = data.get("train_files") or ([data["dataset_name"]] if data.get("dataset_name") else [])
     if data.get("prepared_dir"):  # the run read only the directory, whatever train_files said
         files = f"the prepared directory `{data['prepared_dir']}` (`python -m mlm_adapt prepare`)"

@@ -262,7 +262,7 @@ def check_head(
         kind = ", ".join(model.config.architectures or []) or "no head"
         rank_zero_warn(
             f"{key}: {name} has no masked-LM head (an encoder-only checkpoint: {kind}): the head starts "
-            "untrained, so the before column scores an untrained head, not the encoder"
+            "untrained; without model.head_warmup_steps the before column scores that head, not the encoder"
         )
         return HEAD_UNTRAINED
     if not allow_partial:

@@ -19,7 +19,14 @@ from transformers import AutoModelForMaskedLM
 
 from mlm_adapt.cli.commands import main
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.model.loading import HEAD_PARTIAL, HEAD_TRAINED, HEAD_UNTRAINED, check_head, load_masked_lm
+from mlm_adapt.model.loading import (
+    HEAD_PARTIAL,
+    HEAD_TRAINED,
+    HEAD_UNTRAINED,
+    check_head,
+    head_parameters,
+    load_masked_lm,
+)
 
 
 def _copy(family: str, target: Path) -> Path:
@@ -67,6 +74,12 @@ def test_an_encoder_only_checkpoint_is_said_in_one_line(family, tmp_path):
     model, head, lines = _load(directory)
     assert head == HEAD_UNTRAINED
     assert len(lines) == 1 and str(directory) in lines[0] and "the head starts untrained" in lines[0], lines
+    # It trains: the masked-LM loss reaches the new head and the pretrained encoder.
+    ids = torch.randint(5, model.config.vocab_size, (2, 12))
+    model(input_ids=ids, labels=ids).loss.backward()
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    assert all(g is not None and g.abs().sum() > 0 for n, g in grads.items() if n in head_parameters(model))
+    assert grads[next(n for n in grads if n.startswith(model.base_model_prefix + "."))] is not None
 
 
 @pytest.mark.parametrize("family", FAMILIES)
