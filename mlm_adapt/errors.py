@@ -101,9 +101,7 @@ def install_stop_handlers(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIG
 
 
 def raised(exc: BaseException) -> str:
-    """What code did, for a message: ``called exit(0)``, ``raised KeyboardInterrupt``, ``raised X: msg``."""
-    if isinstance(exc, SystemExit):
-        return f"called exit({exc.code!r})"
+    """What code raised, for a message: ``raised X: msg``."""
     message = _first_line(str(exc))
     return f"raised {type(exc).__name__}" + (f": {message}" if message else "")
 
@@ -144,15 +142,6 @@ def is_disk_full(exc: BaseException) -> bool:
         (isinstance(item, OSError) and item.errno == errno.ENOSPC) or "No space left on device" in str(item)
         for item in _chain(exc)
     )
-
-
-def written_path(exc: BaseException) -> str | None:
-    """The file being written when ``exc`` happened, where an error in its chain names one (the outputs
-    module names the user's path for everything it writes)."""
-    for item in _chain(exc):
-        if isinstance(item, OSError) and item.filename:
-            return os.fspath(item.filename)
-    return None
 
 
 def exception_line(exc: BaseException) -> str:
@@ -197,7 +186,10 @@ def user_message(exc: BaseException) -> tuple[str, int] | None:
     if isinstance(exc, MLMAdaptError):
         return _first_line(str(exc)), 2
     if is_disk_full(exc):
-        path = written_path(exc)
+        # The file, where an error in the chain names one (the outputs module names the user's path).
+        path = next(
+            (os.fspath(e.filename) for e in _chain(exc) if isinstance(e, OSError) and e.filename), None
+        )
         where = f" writing {path}" if path else ""
         return f"no space left on device{where}; free some space there or write elsewhere", 1
     if "MisconfigurationException" in names:

@@ -96,10 +96,8 @@ def _parts(directory: Path) -> dict[int, tuple[int, Path]]:
 
 
 def _check_target(target: Path, parts: int | None = None) -> None:
-    """Refuses a link or a non-empty directory as a prepare's target; as the home of the parts of a
-    ``parts``-task prepare, one holding a whole prepare, parts of another count or anything else."""
-    if target.is_symlink():
-        raise MLMAdaptError(f"data.prepared_dir: {target} is a symbolic link; give the real directory")
+    """Refuses a non-empty directory as a prepare's target; as the home of the parts of a ``parts``-task
+    prepare, one holding a whole prepare, parts of another count or anything else."""
     children = list(target.iterdir()) if target.is_dir() else []
     if parts is None:
         if target.exists() and (not target.is_dir() or children):

@@ -58,11 +58,6 @@ def block_features(vocab_size: int, max_seq_length: int) -> datasets.Features:
     return _block_columns(ids, words)
 
 
-def block_schema(vocab_size: int, max_seq_length: int) -> pa.Schema:
-    """The Arrow schema of :func:`block_features`: what every prepared shard holds."""
-    return block_features(vocab_size, max_seq_length).arrow_schema
-
-
 AnyDataset = TypeVar("AnyDataset", datasets.Dataset, datasets.IterableDataset, datasets.DatasetDict)
 
 

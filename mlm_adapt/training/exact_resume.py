@@ -22,7 +22,7 @@ from typing_extensions import override
 from mlm_adapt.data.loader_state import convert_loader_state
 from mlm_adapt.data.samplers import EpochSampler, LengthGroupedEpochSampler
 from mlm_adapt.training.checkpoint_files import AtomicCheckpointIO
-from mlm_adapt.training.resume import saved_world_size
+from mlm_adapt.training.resume import WORLD_KEY, saved_record
 
 
 def batch_seed(seed: int, epoch: int, batch_idx: int, rank: int) -> int:
@@ -102,7 +102,7 @@ class ExactResume(L.Callback):
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        self._saved_world_size = saved_world_size(checkpoint)
+        self._saved_world_size = saved_record(checkpoint)[WORLD_KEY]  # None: not recorded, taken as unchanged
         fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
         self._loader_states = list((fit_loop.get("state_dict") or {}).get("combined_loader") or [])
         current = (fit_loop.get("epoch_progress") or {}).get("current") or {}

@@ -89,11 +89,6 @@ def saved_record(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def saved_world_size(checkpoint: Mapping[str, Any]) -> int | None:
-    """The number of ranks that wrote ``checkpoint``; ``None``: not recorded (taken as unchanged)."""
-    return saved_record(checkpoint)[WORLD_KEY]
-
-
 def _same(key: str, saved: Any, current: Any) -> bool:
     if saved == current:
         return True

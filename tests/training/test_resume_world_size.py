@@ -104,7 +104,7 @@ def record(**state):
 @pytest.mark.parametrize("saved", [1, 4])
 def test_a_streamed_corpus_is_not_resumed_on_another_number_of_ranks(saved):
     from mlm_adapt.errors import MLMAdaptError
-    from mlm_adapt.training.resume import WORLD_KEY, ResumeMatch, saved_world_size
+    from mlm_adapt.training.resume import WORLD_KEY, ResumeMatch, saved_record
 
     match = ResumeMatch()
     match.world_size, match.streaming = 2, True
@@ -112,4 +112,6 @@ def test_a_streamed_corpus_is_not_resumed_on_another_number_of_ranks(saved):
         match.check(record(**{WORLD_KEY: saved}))
     match.check(record(**{WORLD_KEY: 2}))  # the same number: resumed
     match.check({})  # a run without ResumeMatch recorded no number: taken as the same
-    assert saved_world_size({}) is None and saved_world_size(record(**{WORLD_KEY: saved})) == saved
+    assert (
+        saved_record({})[WORLD_KEY] is None and saved_record(record(**{WORLD_KEY: saved}))[WORLD_KEY] == saved
+    )
