@@ -208,7 +208,7 @@ def _run(entry: Callable[[list[str]], object], args: list[str], usage: str) -> N
 
 def _report_user_errors(entry: Callable[[list[str]], object], args: list[str], usage: str) -> None:
     try:
-        check_config_files(args)
+        check_config_files(args, usage)
         entry(args)
     except Exception as exc:
         if STOP.signum is not None:
@@ -218,7 +218,7 @@ def _report_user_errors(entry: Callable[[list[str]], object], args: list[str], u
             raise  # not the user's doing: the traceback is the bug report
         message, code = translated
         if parser_message(exc) is not None:
-            hint = f" ({' '.join(['python -m mlm_adapt', *usage.split(), '--help'])} for usage)"
+            hint = f" ({help_command(usage)} for usage)"
         elif isinstance(exc, MLMAdaptError):
             hint = ""
         else:
@@ -245,9 +245,15 @@ def _trainer_command(args: list[str]) -> None:
     _fit_cli(args)
 
 
-def check_config_files(args: list[str]) -> None:
-    """Refuses a ``--config``/``-c`` that is neither a UTF-8 file nor a YAML mapping, before LightningCLI's
-    parser (the training stack) is built, with the line that parser would print."""
+def help_command(usage: str) -> str:
+    """``python -m mlm_adapt [COMMAND] --help``, where a parser error points (``usage``: the command)."""
+    return " ".join([PROG, *usage.split(), "--help"])
+
+
+def check_config_files(args: list[str], usage: str) -> None:
+    """Refuses a ``--config``/``-c`` of the command ``usage`` that is neither a UTF-8 file nor a YAML
+    mapping, before its parser (for the trainer commands, the training stack) is built, with the line that
+    parser would print."""
     for _, value in given_flags(args, ("--config", "-c")):
         if os.path.isfile(value):
             try:
@@ -262,8 +268,9 @@ def check_config_files(args: list[str]) -> None:
         except yaml.YAMLError:
             inline = None
         if not isinstance(inline, dict):  # a YAML mapping is a config given inline
-            usage = " ".join([PROG, *[a for a in args[:1] if a in TRAINER_COMMANDS], "--help"])
-            raise MLMAdaptError(f'Parser key "config": File does not exist: {value!r} ({usage} for usage)')
+            raise MLMAdaptError(
+                f'Parser key "config": File does not exist: {value!r} ({help_command(usage)} for usage)'
+            )
 
 
 def _unknown_command(args: list[str]) -> None:

@@ -284,7 +284,7 @@ def _budget_at(segments: Sequence[Sequence[Any]], step: int) -> float | None:
     return budget
 
 
-def replay_summary(state: Any, segments: Sequence[Sequence[Any]] | None = None) -> dict[str, Any]:
+def replay_summary(state: dict | None, segments: Sequence[Sequence[Any]] | None = None) -> dict[str, Any]:
     """What a run's replay did, from a :meth:`Replay.state_dict` and the run's ``segments``.
 
     ``segments`` (``[first_step, settings]`` of each stretch between resumes that changed a replay
@@ -293,7 +293,7 @@ def replay_summary(state: Any, segments: Sequence[Sequence[Any]] | None = None) 
     ``trajectory`` (``[step, rate, rise]`` where the rate changed, and the first and last),
     ``final_rate``, ``mean_rate``, ``last_rise`` and ``held`` (within the budget): the last two ``None``
     when no check ran after the baseline (not measured). ``{}`` when there is nothing to report."""
-    state = state if isinstance(state, dict) else {}
+    state = state or {}  # None: a run without replay
     segments = [list(segment) for segment in segments or []]
     summary: dict[str, Any] = {"segments": segments} if len(segments) > 1 else {}
     checks, baseline = state.get("checks") or [], state.get("baseline")

@@ -437,7 +437,7 @@ class Segmentation:
         self._segmenter: Any = self._build() if given else segmenter
         # A class-path segmenter is built again in each process that segments: its threads (a pool) or
         # the thread pools of a model it runs do not survive a fork into preprocessing workers.
-        self._built_by = os.getpid() if isinstance(self.spec, dict) else None
+        self._built_by = os.getpid()
         if not callable(getattr(self._segmenter, "segment", None)):
             raise MLMAdaptError(f"data.segmenter: {self.name} {_NO_SEGMENT}")
 
@@ -464,9 +464,9 @@ class Segmentation:
     @property
     def segmenter(self) -> Any:
         """The underlying segmenter (built on first use in a worker process)."""
-        if self._segmenter is None or self._built_by not in (None, os.getpid()):
-            self._segmenter = self._build()
-            self._built_by = os.getpid() if isinstance(self.spec, dict) else None
+        stale = isinstance(self.spec, dict) and self._built_by != os.getpid()
+        if self._segmenter is None or stale:
+            self._segmenter, self._built_by = self._build(), os.getpid()
         return self._segmenter
 
     def __call__(self, text: str) -> list[str]:
