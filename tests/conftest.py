@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -11,6 +12,16 @@ from importlib.resources import files
 from pathlib import Path
 
 import pytest
+
+# Everything the run puts in a temp directory (pytest's tmp_path, the help cache, what the CLI subprocesses,
+# torchrun and torch's compiler write to $TMPDIR) goes under one directory that the process which made it
+# removes at the end: the suite leaves nothing in the system's temp directory. The controller makes it before
+# xdist starts its workers, which inherit it through the environment.
+TEMP_ROOT_ENV = "MLM_ADAPT_TEST_TEMP"
+_OWNS_TEMP_ROOT = TEMP_ROOT_ENV not in os.environ
+if _OWNS_TEMP_ROOT:
+    os.environ[TEMP_ROOT_ENV] = tempfile.mkdtemp(prefix="mlm_adapt_tests_")
+os.environ["TMPDIR"] = tempfile.tempdir = os.environ[TEMP_ROOT_ENV]
 
 # Under pytest-xdist (addopts: -n auto) the workers share the cores: each worker's torch, and the CLI
 # subprocesses it starts, get an equal share instead of all oversubscribing every core. Set before torch
@@ -29,7 +40,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The trainer commands' help cache of this test process: never the user's (mlm_adapt.cli.help_cache).
-os.environ["MLM_ADAPT_HELP_CACHE"] = tempfile.mkdtemp(prefix="mlm_adapt_help_")
+os.environ["MLM_ADAPT_HELP_CACHE"] = os.path.join(os.environ[TEMP_ROOT_ENV], "help")
 # ``caplog`` reads records through the root logger. Lightning stops its logger's propagation when the root
 # logger had no handler at Lightning's import, which depends on the import order and the pytest version
 # (imported here, before pytest's log capture, under pytest 8): the tests of logged lines would see none.
@@ -50,6 +61,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for name in SHARED_RUNS.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(name))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The run's temp directory goes with the process that made it (the controller, after its workers)."""
+    if _OWNS_TEMP_ROOT:
+        shutil.rmtree(os.environ[TEMP_ROOT_ENV], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
