@@ -2,9 +2,10 @@
 
 Locks: ``filelock`` on ``.<name>.lock`` beside the real output (two spellings of a path share it). The lock
 file holds :data:`LOCK_RECORD`, so one that a killed writer left is recognisably ours: it is taken over and
-removed on release. Any other file at that name is the user's: refused, never written or removed. A forked
-worker does not hold its parent's locks (``filelock`` drops them in the child), so a worker outliving its
-killed parent keeps nothing locked.
+removed on release. Any other file at that name is the user's: refused, never written or removed. Removing
+it while held is safe because ``filelock`` drops a lock it took on a file no longer linked (a waiter that
+opened the old file retries on the new one). A forked worker does not hold its parent's locks (``filelock``
+closes their descriptors in the child), so a worker outliving its killed parent keeps nothing locked.
 
 Staging: an output is written in ``.<name>.staging-<token>/new`` beside its target (one filesystem: the
 publishing rename is atomic); a directory output being replaced waits in ``old``. The marker
@@ -19,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,10 +40,14 @@ def lock_path(target: Path) -> Path:
     return target.parent / f".{target.name}.lock"
 
 
-def _is_ours(path: Path) -> bool:
-    with contextlib.suppress(OSError):
-        return path.is_file() and not path.is_symlink() and path.read_bytes() == LOCK_RECORD
-    return False
+def _is_foreign(path: Path) -> bool:
+    """Whether a file other than an mlm_adapt lock file stands at ``path``. An empty one is a lock being
+    born: filelock creates it, and the holder writes :data:`LOCK_RECORD` into it under the lock (``_mark``);
+    one that vanishes while read was a holder's, removed at its release."""
+    try:
+        return not stat.S_ISREG(os.lstat(path).st_mode) or path.read_bytes() not in (b"", LOCK_RECORD)
+    except FileNotFoundError:
+        return False
 
 
 def _mark(fd: int) -> None:
@@ -55,7 +61,7 @@ def locked(target: Path, key: str, shown: str, wait: bool = False) -> Iterator[N
     in one line; with ``wait``, waits for the holder instead (one line says so), e.g. the node filling a
     shared cache. Re-entrant within a process."""
     path = lock_path(target)
-    if os.path.lexists(path) and not _is_ours(path):
+    if _is_foreign(path):
         raise MLMAdaptError(
             f"{key}: {path} exists and is not an mlm_adapt lock file; move it away to write {shown}"
         )

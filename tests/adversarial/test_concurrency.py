@@ -34,6 +34,21 @@ with locked(Path(sys.argv[1]), "holder", sys.argv[1]):
     print("locked", flush=True)
     sys.stdin.read()  # held until the test closes stdin
 """
+# One of several processes filling one shared cache: each takes the lock ROUNDS times, waiting for the others,
+# and records when it held it (CLOCK_MONOTONIC is one clock for every process of the machine).
+RACER = """
+import sys, time
+from pathlib import Path
+from mlm_adapt.guard.locks import locked
+target, rounds, record = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+held = []
+for _ in range(rounds):
+    with locked(target, "cache", "the cache", wait=True):
+        start = time.monotonic()
+        time.sleep(0.001)
+        held.append(f"{start} {time.monotonic()}")
+record.write_text("\\n".join(held), encoding="utf-8")
+"""
 
 
 @contextmanager
@@ -217,3 +232,31 @@ def test_interrupted_write_loses_nothing(case, ws: Workspace, monkeypatch):
     assert text.format(exp=ws.exp) in str(raised.value) and ".staging-" not in str(raised.value)
     assert tree_hashes(ws.exp) == before
     assert leftovers(ws.root.parent) == [] and not list(ws.root.glob(".exp.staging-*"))
+
+
+def test_waiters_on_a_shared_cache_hold_its_lock_one_at_a_time(tmp_path):
+    """A waiter is never refused by a lock file another process is creating or marking, and never two
+    processes hold the lock at once, though each holder removes the lock file before it releases it."""
+    target, rounds = tmp_path / "cache", 40
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(target), str(rounds), str(tmp_path / f"held{i}")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(6)
+    ]
+    errors = [racer.communicate(timeout=120)[1] for racer in racers]
+    assert [racer.returncode for racer in racers] == [0] * len(racers), errors
+    held = sorted(
+        tuple(map(float, line.split()))
+        for i in range(len(racers))
+        for line in (tmp_path / f"held{i}").read_text(encoding="utf-8").splitlines()
+    )
+    assert len(held) == rounds * len(racers)
+    overlaps = [(a, b) for a, b in zip(held, held[1:], strict=False) if b[0] < a[1]]
+    assert overlaps == []
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("held")) == []
