@@ -252,8 +252,30 @@ class MLMAdaptCLI(LightningCLI):
         )
         try:
             return super().instantiate_trainer(**kwargs)
-        except ValueError as exc:  # Lightning's check of its arguments (FSDP without a GPU, ...)
+        except (ValueError, TypeError) as exc:
+            if not _raised_by(exc, LIGHTNING_ARGUMENT_CHECKS):
+                raise  # raised elsewhere while the Trainer is built: a bug, whose traceback is the report
             raise MLMAdaptError(f"trainer: {exception_line(exc)}") from None
+
+
+# The modules in which Lightning checks the Trainer's arguments (FSDP without a GPU, an unknown precision,
+# devices=-1 on CPU, ...): a ValueError or TypeError raised by their own code is about a flag the user gave.
+LIGHTNING_ARGUMENT_CHECKS = (
+    "lightning.pytorch.trainer.trainer",
+    "lightning.pytorch.trainer.connectors.accelerator_connector",
+    "lightning.fabric.connector",
+    "lightning.fabric.accelerators",
+    "lightning.pytorch.accelerators",
+)
+
+
+def _raised_by(exc: BaseException, modules: tuple[str, ...]) -> bool:
+    """Whether the innermost frame of ``exc``'s traceback is in one of ``modules`` (or their submodules)."""
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    name = frame.tb_frame.f_globals.get("__name__", "") if frame is not None else ""
+    return f"{name}.".startswith(tuple(f"{module}." for module in modules))
 
 
 class DataOnlyCLI(MLMAdaptCLI):

@@ -91,11 +91,47 @@ def test_lightning_misconfiguration_is_one_line_traceback_under_debug(
     assert type(raised.value).__name__ == "MisconfigurationException"
 
 
-def test_lightning_value_error_about_its_arguments_is_one_line(data_args, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    ("flag", "words"),
+    [
+        ("--trainer.strategy=fsdp", ["fsdp", "GPU"]),  # ValueError, Lightning's accelerator connector
+        ("--trainer.num_nodes=0", ["num_nodes", "positive integer"]),  # ValueError, its device checks
+        ("--trainer.devices=-5", ["devices", "CPUAccelerator"]),  # TypeError, the CPU accelerator
+    ],
+)
+def test_lightning_error_about_a_trainer_flag_is_one_line(flag, words, data_args, capsys, monkeypatch):
     monkeypatch.setenv("MLM_ADAPT_DEBUG", "0")
-    args = ["fit", *data_args(), "--trainer.accelerator=cpu", "--trainer.strategy=fsdp"]
-    message = fails_with(args, capsys)  # Lightning raises a ValueError when it builds the Trainer
-    assert message.startswith("mlm_adapt: error: trainer: ") and "fsdp" in message and "GPU" in message
+    args = ["fit", *data_args(), "--trainer.accelerator=cpu", flag]
+    message = fails_with(args, capsys)  # raised by Lightning while it builds the Trainer
+    assert message.startswith("mlm_adapt: error: trainer: ") and all(word in message for word in words)
+
+
+def _lightning_raises_value_error(*_args, **_kwargs):
+    from lightning.pytorch.utilities import grad_norm
+
+    grad_norm(None, norm_type=-1)  # raises its ValueError in Lightning's own code
+
+
+def _the_tool_raises_value_error(*_args, **_kwargs):
+    from mlm_adapt.masking.collator import masking_units
+
+    masking_units(None, None, "no_such_scheme")  # raises its ValueError in the tool's own code
+
+
+@pytest.mark.parametrize(
+    ("raiser", "match"),
+    [(_lightning_raises_value_error, "norm_type"), (_the_tool_raises_value_error, "no_such_scheme")],
+    ids=["lightning", "mlm_adapt"],
+)
+def test_other_value_error_while_the_trainer_is_built_keeps_its_traceback(
+    raiser, match, data_args, monkeypatch
+):
+    """Raised from code that Trainer.__init__ runs (where it logs the devices), outside Lightning's
+    argument checks: a bug, not a bad flag."""
+    monkeypatch.setenv("MLM_ADAPT_DEBUG", "0")
+    monkeypatch.setattr("lightning.pytorch.trainer.setup._log_device_info", raiser)
+    with pytest.raises(ValueError, match=match):
+        main(["fit", *data_args(), "--trainer.accelerator=cpu", "--trainer.max_steps=1"])
 
 
 @pytest.mark.slow
