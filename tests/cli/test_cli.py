@@ -73,13 +73,23 @@ def test_print_config_shows_the_run_root_it_will_use(capsys):
 
 
 def test_wall_time_counts_from_the_process_start_not_from_the_cli():
-    """``process_age`` sees the seconds a process spent (in imports) before it was asked."""
-    import subprocess
-    import sys
+    """``process_age`` sees the seconds a process spent (in imports) before it was asked: a process forked
+    from this one (its start is the fork) that waits 1.5 s first."""
+    import os
+    import time
 
-    code = "import time; time.sleep(1.5); from mlm_adapt.cli.fit import process_age; print(process_age())"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    age = float(done.stdout)
+    from mlm_adapt.cli.fit import process_age
+
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        time.sleep(1.5)
+        os.write(write, str(process_age()).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        age = float(pipe.read())
+    assert os.waitpid(child, 0)[1] == 0
     assert 1.5 <= age < 120
 
 

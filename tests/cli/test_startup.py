@@ -17,7 +17,8 @@ HEAVY = ("torch", "lightning", "transformers", "datasets", "pandas")
 TRAINER_STACK = {"torch", "lightning", "transformers", "datasets", "pandas"}  # pandas: with datasets
 # Command -> the heavy modules its --help may import: LightningCLI's parser (fit, validate, test) needs the
 # Trainer's, the model's and the data module's signatures; every other command none.
-HELP_IMPORTS = {name: TRAINER_STACK if name in ("fit", "validate", "test") else set() for name in SUMMARIES}
+TRAINER_COMMANDS = ("fit", "validate", "test")
+HELP_IMPORTS = {name: TRAINER_STACK if name in TRAINER_COMMANDS else set() for name in SUMMARIES}
 # Prints, after the command, which heavy modules it imported.
 CODE = """
 import sys
@@ -44,19 +45,22 @@ def run_fresh(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
     return result, {m for m in line.removeprefix("imported:").strip().split(",") if m}
 
 
-@pytest.mark.parametrize("command", [*SUMMARIES, ""])
+@pytest.mark.parametrize("command", [*(name for name in SUMMARIES if name not in TRAINER_COMMANDS), ""])
 def test_help_imports_only_what_the_command_needs(command, tmp_path, monkeypatch):
-    monkeypatch.setenv("MLM_ADAPT_HELP_CACHE", str(tmp_path / "help"))  # empty: the first help is built
+    monkeypatch.setenv("MLM_ADAPT_HELP_CACHE", str(tmp_path / "help"))
     result, imported = run_fresh(*([command] if command else []), "--help")
     assert result.returncode == 0, result.stderr[-2000:]
     assert imported == HELP_IMPORTS.get(command, set()), f"{command} --help imported {sorted(imported)}"
     assert "usage:" in result.stdout
 
 
-@pytest.mark.parametrize("command", ["fit", "validate", "test"])
-def test_a_trainer_commands_help_once_built_answers_without_the_stack(command, tmp_path, monkeypatch):
-    monkeypatch.setenv("MLM_ADAPT_HELP_CACHE", str(tmp_path / "help"))
-    built, _ = run_fresh(command, "--help")
+@pytest.mark.parametrize("command", TRAINER_COMMANDS)
+def test_a_trainer_commands_help_built_once_answers_without_the_stack(command, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLM_ADAPT_HELP_CACHE", str(tmp_path / "help"))  # empty: the first help is built
+    built, imported = run_fresh(command, "--help")
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert imported == HELP_IMPORTS[command], f"{command} --help imported {sorted(imported)}"
+    assert "usage:" in built.stdout
     again, imported = run_fresh(command, "-h")
     assert again.returncode == 0 and imported == set(), again.stderr[-2000:]
     assert again.stdout == built.stdout and "--trainer.max_steps" in again.stdout
