@@ -32,8 +32,9 @@ if _WORKERS > 1:
 
 from cli_process import run_command  # noqa: E402
 
-from mlm_adapt.model.tiny import build_tiny_bert  # noqa: E402 (after the thread budget above)
-from mlm_adapt.training.signals import STOP  # noqa: E402
+# The training stack (torch, Lightning, transformers) is imported by the fixtures and tests that use it, not
+# here: every pytest process (the xdist controller, a nested run) would pay ~7 s of CPU for it.
+from mlm_adapt.errors import STOP  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -41,10 +42,6 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The trainer commands' help cache of this test process: never the user's (mlm_adapt.cli.help_cache).
 os.environ["MLM_ADAPT_HELP_CACHE"] = os.path.join(os.environ[TEMP_ROOT_ENV], "help")
-# ``caplog`` reads records through the root logger. Lightning stops its logger's propagation when the root
-# logger had no handler at Lightning's import, which depends on the import order and the pytest version
-# (imported here, before pytest's log capture, under pytest 8): the tests of logged lines would see none.
-logging.getLogger("lightning.pytorch").propagate = True
 
 
 # Fixtures of scope module or session that run a whole fit, shared by several tests.
@@ -67,6 +64,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """The run's temp directory goes with the process that made it (the controller, after its workers)."""
     if _OWNS_TEMP_ROOT:
         shutil.rmtree(os.environ[TEMP_ROOT_ENV], ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _lightning_logs_reach_caplog():
+    """``caplog`` reads records through the root logger. Lightning stops its logger's propagation when the
+    root logger had no handler at Lightning's import (a test module importing it at collection, before
+    pytest's log capture): the tests of logged lines would see none. Set after collection, before any test."""
+    logging.getLogger("lightning.pytorch").propagate = True
 
 
 @pytest.fixture(autouse=True)
@@ -93,6 +98,8 @@ def review_texts() -> list[str]:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, review_texts) -> Path:
     """A tiny randomly initialized BertForMaskedLM + fast tokenizer, saved with ``save_pretrained``."""
+    from mlm_adapt.model.tiny import build_tiny_bert
+
     return build_tiny_bert(
         tmp_path_factory.mktemp("tiny") / "tiny-bert",
         review_texts,
