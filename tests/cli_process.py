@@ -63,6 +63,10 @@ def _command(
         os.dup2(target, fd)
         os.close(target)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # A forkserver child inherits "forkserver" as its default start method; a new interpreter has the
+    # platform's. Kept, the command's DataLoader workers would be children of a server of its own that
+    # outlives a SIGKILLed command, so that they never see their parent go and run on after the test.
+    multiprocessing.set_start_method(None, force=True)
     if code is not None:
         sys.argv = ["-c", *args]
         exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102 - the test's own code

@@ -246,3 +246,19 @@ def test_third_party_noise_is_silenced_and_nothing_else(recwarn):
     warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning, stacklevel=1)
     warnings.warn("a warning of the user's own", UserWarning, stacklevel=1)
     assert [str(w.message) for w in recwarn] == ["a warning of the user's own"]
+
+
+def test_a_command_the_tests_fork_starts_its_workers_as_a_new_interpreter_would():
+    """The tests' commands are forked from a forkserver (``cli_process``): their own workers must start the
+    way a new interpreter starts them. Under a server of the command's own, DataLoader workers outlived a
+    SIGKILLed command and ran on after the test."""
+    import subprocess
+    import sys
+
+    from cli_process import run_command
+
+    code = "import multiprocessing; print(multiprocessing.get_start_method())"
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    forked = run_command([], code=code)
+    assert forked.returncode == 0, forked.stderr
+    assert forked.stdout.strip() == fresh.stdout.strip()
