@@ -154,17 +154,12 @@ def test_a_wrong_type_for_every_option_is_one_line_naming_it(command, tmp_path, 
             _report_user_errors(parser.parse_args, arguments(command, option, value), command)
         err = capsys.readouterr().err.strip().splitlines()
         names = (option.flag, option.dest, option.dest.rsplit(".", 1)[-1])
-        problem = (
-            f"exit {stopped.value.code}"
-            if stopped.value.code != 2
-            else f"{len(err)} lines"
-            if len(err) != 1 or not err[0].startswith("mlm_adapt: error: ")
-            else "the line does not name it"
-            if not any(name in err[0] for name in names)
-            else None
-        )
-        if problem:
-            failures.append(f"{option.flag}={value!r}: {problem}: {err[-3:]}")
+        if stopped.value.code != 2:
+            failures.append(f"{option.flag}={value!r}: exit {stopped.value.code}: {err[-3:]}")
+        elif len(err) != 1 or not err[0].startswith("mlm_adapt: error: "):
+            failures.append(f"{option.flag}={value!r}: {len(err)} lines: {err[-3:]}")
+        elif not any(name in err[0] for name in names):
+            failures.append(f"{option.flag}={value!r}: the line does not name it: {err[0]}")
     assert not failures, f"{len(failures)} of {checked}:\n" + "\n".join(failures[:40])
     assert list(tmp_path.iterdir()) == []
     assert checked >= 1, text

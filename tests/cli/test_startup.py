@@ -11,13 +11,12 @@ import pytest
 from conftest import REPO
 
 from mlm_adapt.cli import help_cache, main
-from mlm_adapt.cli.usage import SUMMARIES
+from mlm_adapt.cli.usage import SUMMARIES, TRAINER_COMMANDS
 
 HEAVY = ("torch", "lightning", "transformers", "datasets", "pandas")
 TRAINER_STACK = {"torch", "lightning", "transformers", "datasets", "pandas"}  # pandas: with datasets
 # Command -> the heavy modules its --help may import: LightningCLI's parser (fit, validate, test) needs the
 # Trainer's, the model's and the data module's signatures; every other command none.
-TRAINER_COMMANDS = ("fit", "validate", "test")
 HELP_IMPORTS = {name: TRAINER_STACK if name in TRAINER_COMMANDS else set() for name in SUMMARIES}
 # Prints, after the command, which heavy modules it imported.
 CODE = """
@@ -54,7 +53,7 @@ def test_help_imports_only_what_the_command_needs(command, tmp_path, monkeypatch
     assert "usage:" in result.stdout
 
 
-@pytest.mark.parametrize("command", TRAINER_COMMANDS)
+@pytest.mark.parametrize("command", list(TRAINER_COMMANDS))
 def test_a_trainer_commands_help_built_once_answers_without_the_stack(command, tmp_path, monkeypatch):
     monkeypatch.setenv("MLM_ADAPT_HELP_CACHE", str(tmp_path / "help"))  # empty: the first help is built
     built, imported = run_fresh(command, "--help")
