@@ -153,8 +153,9 @@ class DownstreamEvaluation(L.Callback):
         devices = [model.device] if model.device.type == "cuda" else []
         self.progress.note(f"{self.method} of {'; '.join(e.describe() for e in self.evaluators)}")
         # Evaluation must not change the training run: the probe draws no random numbers, but fine-tunes
-        # (dropout, head init) do, so the generator state is restored afterwards.
-        with torch.random.fork_rng(devices=devices):
+        # (dropout, head init) do, so the generator state is restored afterwards. ``validate`` and ``test``
+        # run under torch.inference_mode, in which the probe and the fine-tune could not train.
+        with torch.random.fork_rng(devices=devices), torch.inference_mode(False):
             for evaluator in self.evaluators:
                 if self.method == "linear_probe":
                     run, options = evaluator.linear_probe, {**self.probe_options, "dtype": self.feature_dtype}

@@ -51,6 +51,20 @@ def test_probe_scores_logged_at_step_0_and_every_validation(tiny_model_dir, corp
     assert not torch.equal(before, torch.random.get_rng_state())  # sanity: training did draw numbers
 
 
+@pytest.mark.parametrize("method", ["linear_probe", "finetune"])
+def test_validate_scores_the_tasks_under_inference_mode(tiny_model_dir, corpus_file, tmp_path, method):
+    """``validate`` runs under ``torch.inference_mode`` (Trainer's default), where the probe's and the
+    fine-tune's training cannot build a graph unless evaluation leaves it."""
+    tasks = [task("sentiment", sentiment_files(tmp_path))]
+    options = {"finetune_steps": 2} if method == "finetune" else {}
+    callback = DownstreamEvaluation(tasks=tasks, method=method, seeds=1, bootstrap=10, **options)
+    module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64, log_throughput=False)
+    datamodule = make_datamodule(tiny_model_dir, corpus_file, tmp_path, validation_split=0.1)
+    trainer = quiet_trainer(limit_val_batches=1, callbacks=[callback])
+    (metrics,) = trainer.validate(module, datamodule=datamodule)
+    assert 0 <= metrics["downstream/sentiment/accuracy"] <= 1
+
+
 def test_evaluation_does_not_change_training(tiny_model_dir, corpus_file, tmp_path):
     """The same seed gives the same weights with or without downstream evaluation (probe and fine-tune)."""
     import lightning as L
