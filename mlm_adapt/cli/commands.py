@@ -120,6 +120,12 @@ def export_main(args: list[str]) -> None:
     print(
         metrics_table(info.baseline_metrics, info.final_metrics) + (f"\n(after: step {step})" if step else "")
     )
+    if info.merge:
+        print(
+            f"merged toward the base model at α={info.merge['alpha']:.4g}: the weights written are not the "
+            "after column's; score them with `python -m mlm_adapt validate --model.model_name_or_path "
+            f"{output_dir}`"
+        )
     if result.hub_url:
         print(f"pushed to {result.hub_url}")
 

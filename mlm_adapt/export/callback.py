@@ -23,9 +23,19 @@ from typing_extensions import override
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.data.replay import summary_from_checkpoint
+from mlm_adapt.data.samplers import KeyedDataset
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import ExportInfo, val_metrics_at
+from mlm_adapt.export.merge import (
+    MergeData,
+    MergeReport,
+    Scorer,
+    base_weights,
+    merge,
+    scoring_module,
+    split_batches,
+)
 from mlm_adapt.export.options import ExportOptions, check_hub_access
 from mlm_adapt.export.writer import write_export
 from mlm_adapt.guard.outputs import Output, check_output
@@ -210,6 +220,8 @@ class HFExport(ExportOptions, L.Callback):
                     f"{callback.mode!r}; make them agree"
                 )
         check_trains(trainer)
+        if self.merges:
+            check_merge_run(pl_module.hparams, trainer.datamodule, self.merge_budget)
         tasks = [t for c in trainer.callbacks if isinstance(c, DownstreamEvaluation) for t in c.tasks]
         if self.checkpoint == "best":
             sets = list(getattr(trainer.datamodule, "validation_set_names", None) or ["validation"])
@@ -313,11 +325,16 @@ class HFExport(ExportOptions, L.Callback):
             if self.checkpoint == "best" and self.val_history:  # validated, yet no best weights
                 rank_zero_warn(f"export.monitor: {self._why_no_best(trainer)}; exported the final weights")
         final, final_step = val_metrics_at(self.val_history, step)
+        progress = Progress("export", bars=trainer.progress_bar_callback is not None)
+        report = None
+        if self.merges:
+            model, report = self._merge(trainer, pl_module, model, progress)
+            pl_module.merged_metrics = {"alpha": report.alpha, **report.merged_metrics}
         datamodule = trainer.datamodule
         tokenizer = getattr(datamodule, "tokenizer", None) or load_tokenizer(
             pl_module.hparams["model_name_or_path"], pl_module.hparams.get("new_tokens_file")
         )
-        report = getattr(datamodule, "replay_report", None)  # what replay under a forgetting budget did
+        replay = getattr(datamodule, "replay_report", None)  # what replay under a forgetting budget did
         info = ExportInfo(
             head=getattr(pl_module, "head", None),
             model_hparams=dict(pl_module.hparams),
@@ -331,16 +348,75 @@ class HFExport(ExportOptions, L.Callback):
             global_step=step,
             epoch=epoch,
             **self.card_fields(),
-            replay=report() if report is not None else {},
+            replay=replay() if replay is not None else {},
+            merge=report.plain() if report is not None else {},
         )
-        progress = Progress("export", bars=trainer.progress_bar_callback is not None)
         diff = write_export(model, tokenizer, self._output, info, verify=self.verify, progress=progress)
         check = f"; reload check: max |logit difference| {diff:.2e}" if diff is not None else ""
         after = f"; val/loss {final['val/loss']:.4f} at step {final_step}" if "val/loss" in final else ""
-        rank_zero_info(f"mlm_adapt export: wrote {self.export_dir} ({source}){after}{check}")
+        merged = f", merged toward the base at α={report.alpha:.4g}" if report is not None else ""
+        rank_zero_info(f"mlm_adapt export: wrote {self.export_dir} ({source}{merged}){after}{check}")
         url = self.push(self.export_dir, progress)
         if url is not None:
             rank_zero_info(f"mlm_adapt export: pushed to {url}")
+
+    def _merge(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, model: Any, progress: Progress
+    ) -> tuple[Any, MergeReport]:
+        """``model``'s weights merged toward the run's base (``merge_alpha``, or chosen under
+        ``merge_budget`` on the validation blocks the run scored), in a module of its own; and the report."""
+        key = "export.merge_budget" if self.merge_budget is not None else "export.merge_alpha"
+        hparams = dict(pl_module.hparams)
+        with progress.phase("merging toward the base model"):
+            base = base_weights(hparams, key)
+            module = scoring_module(hparams, model.state_dict(), getattr(pl_module, "new_tokens", []), key)
+            scorer = Scorer(module, trainer.strategy.root_device, trainer.precision_plugin.val_step_context)
+            report = merge(scorer, base, merge_data(trainer), self.merge_alpha, self.merge_budget)
+        rank_zero_info(f"mlm_adapt merge: {report.describe()}")
+        rank_zero_info(report.table())
+        return module.model, report
+
+
+def check_merge_run(
+    model_hparams: Any, datamodule: Any, budget: float | None, prefix: str = "export."
+) -> None:
+    """Refuses, before training, a merge the run cannot give: from random weights (no base to return to),
+    or under a budget without a general validation set to measure it on."""
+    option = f"{prefix}merge_budget" if budget is not None else f"{prefix}merge_alpha"
+    if not (model_hparams or {}).get("pretrained", True):
+        raise MLMAdaptError(
+            f"{option}: the run starts from random weights (model.pretrained false), so there is no base "
+            "model to merge toward; drop the merge option"
+        )
+    names = list(getattr(datamodule, "validation_set_names", None) or [])
+    if budget is not None and len(names) < 2:
+        raise MLMAdaptError(
+            f"{option} needs a general validation set to measure forgetting on: give data.validation_files "
+            "as a mapping, e.g. {domain: null, general: [general_val.txt]}"
+        )
+
+
+def merge_data(trainer: L.Trainer) -> MergeData:
+    """The blocks the run's validation scored (``trainer.limit_val_batches`` of them) of the first set and,
+    in halves, of the second, collated with the fixed validation masks."""
+    datamodule = trainer.datamodule
+    names = list(datamodule.validation_set_names)
+    size = datamodule.hparams.eval_batch_size or datamodule.hparams.batch_size
+    scored = list(trainer.num_val_batches or [])
+
+    def blocks(index: int) -> int:
+        dataset = datamodule.val_datasets[names[index]]
+        limit = scored[index] if index < len(scored) else len(dataset)
+        return len(dataset) if limit == float("inf") else int(limit) * size
+
+    def dataset(index: int) -> KeyedDataset:
+        return KeyedDataset(datamodule.val_datasets[names[index]])
+
+    domain = split_batches(dataset(0), datamodule.collator, blocks(0), size, halves=False)
+    if len(names) < 2:
+        return MergeData(domain=domain)
+    general = split_batches(dataset(1), datamodule.collator, blocks(1), size, halves=True)
+    return MergeData(domain=domain, general=general, general_prefix=validation_prefix(1, names))
 
 
 @dataclass
@@ -378,10 +454,22 @@ def export_checkpoint(
     check_output(output)
     if options.push_to_hub:
         check_hub_access(options.repo_id)
+    if options.merge_budget is not None:
+        raise MLMAdaptError(
+            "--merge_budget chooses alpha on the run's validation sets, which fit has loaded and export does "
+            "not: set export.merge_budget in the fit config, or give --merge_alpha (e.g. the alpha a "
+            "budgeted export's card reports)"
+        )
     with progress.phase(f"loading {ckpt_path}"):
         checkpoint = load_checkpoint(ckpt_path)
         module = module_from_checkpoint(checkpoint, base_model)
     tokenizer = tokenizer_for(checkpoint, base_model)
+    report = None
+    if options.merge_alpha is not None:
+        hparams = dict(checkpoint.get("hyper_parameters") or {})
+        with progress.phase("merging toward the base model"):
+            base = base_weights(hparams, "--merge_alpha", base_model)
+            report = merge(Scorer(module), base, None, alpha=options.merge_alpha)
     state = callback_state(checkpoint, HFExport.__qualname__)
     history = {int(k): v for k, v in (state.get("val_history") or {}).items()}
     final, final_step = val_metrics_at(history, checkpoint.get("global_step"))
@@ -399,6 +487,7 @@ def export_checkpoint(
         epoch=checkpoint.get("epoch"),
         **options.card_fields(),
         replay=summary_from_checkpoint(checkpoint.get(MLMDataModule.__qualname__)),
+        merge=report.plain() if report is not None else {},
     )
     diff = write_export(module.model, tokenizer, output, info, verify=options.verify, progress=progress)
     return ExportResult(info, diff, options.push(Path(output_dir), progress))

@@ -11,6 +11,7 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from mlm_adapt.data.forgetting import as_forgetting
 from mlm_adapt.data.replay import parse_mix_rate, segment_columns
+from mlm_adapt.export.merge import CURVE_FILENAME
 from mlm_adapt.masking.collator import SCHEME_DESCRIPTIONS
 from mlm_adapt.masking.schedule import parse_schedule
 from mlm_adapt.model.loading import HEAD_PARTIAL, HEAD_UNTRAINED
@@ -36,7 +37,9 @@ class ExportInfo:
     (:func:`~mlm_adapt.data.replay.replay_summary`); ``tags`` the Hub tags given (``None``: :func:`run_tags`);
     ``model_type`` and ``mask_token`` those of the exported model and tokenizer (the family's tag, the
     usage example's mask); ``head`` what the base checkpoint's masked-LM head was
-    (:func:`~mlm_adapt.model.loading.check_head`; ``None``: a random init).
+    (:func:`~mlm_adapt.model.loading.check_head`; ``None``: a random init); ``merge`` how the exported
+    weights were merged back toward the base (:meth:`~mlm_adapt.export.merge.MergeReport.plain`; empty:
+    not merged).
     """
 
     model_hparams: dict[str, Any] = field(default_factory=dict)
@@ -56,6 +59,7 @@ class ExportInfo:
     model_type: str | None = None
     mask_token: str = "[MASK]"
     head: str | None = None
+    merge: dict[str, Any] = field(default_factory=dict)
 
     def resolved_config(self) -> str:
         """The YAML written next to the weights: LightningCLI's resolved config, else the hyperparameters."""
@@ -209,6 +213,53 @@ def _budget_lines(replay: dict[str, Any]) -> list[str]:
     return lines + [f"| {s} | {rise:+.1%} | {rate:g} |" for s, rate, rise in replay["trajectory"]]
 
 
+def _merge_lines(merge: dict[str, Any], base: str) -> list[str]:
+    """The Merged toward the base section: α, how it was chosen, what the exported weights score against the
+    base and the unmerged adaptation, and the α curve of the search."""
+    alpha, budget = merge["alpha"], merge.get("budget")
+    general = merge.get("general_prefix")
+    lines = [
+        "",
+        "## Merged toward the base",
+        "",
+        f"The exported weights are `{base}` + α·(adapted − `{base}`) with **α = {alpha:.4g}** (1: the "
+        "adapted model, 0: the base), every weight interpolated; the rows of added tokens and a head the "
+        "base lacked keep their adapted values.",
+    ]
+    if budget is None:
+        lines[-1] += " α was given (`export.merge_alpha`)."
+    else:
+        lines[-1] += (
+            f" α is the largest whose `{general}/perplexity` rose at most {budget:.0%} over the base's "
+            "(`export.merge_budget`) with 95% confidence (the rise plus 1.645 standard errors of the mean "
+            "paired loss difference per masked token) on half of that set's validation blocks (even "
+            "positions); the figures below are of the other half, which the choice did not see."
+        )
+    figures = merge.get("figures") or {}
+    if not figures:
+        return lines + [
+            "",
+            "The merged weights were not scored here (`python -m mlm_adapt validate` scores them).",
+        ]
+    names = list(figures["base"])
+    lines += ["", "| perplexity | base | adapted | exported (merged) |", "|---|---:|---:|---:|"]
+    for name in names:
+        held = " (held-out half)" if budget is not None and name.startswith(f"{general}/") else ""
+        cells = " | ".join(_fmt(figures[w][name], 2) for w in ("base", "adapted", "merged"))
+        lines.append(f"| {name}{held} | {cells} |")
+    if merge.get("curve"):
+        lines += [
+            "",
+            f"Every α the search scored (`{general}` on the selection half; the domain where it was scored), "
+            f"drawn in [`{CURVE_FILENAME}`]({CURVE_FILENAME}):",
+            "",
+            f"| α | {names[0]} | {general}/perplexity |",
+            "|---:|---:|---:|",
+        ]
+        lines += [f"| {a:g} | {'' if d is None else f'{d:.2f}'} | {g:.2f} |" for a, d, g in merge["curve"]]
+    return lines
+
+
 def _segment_lines(segments: list[list[Any]]) -> list[str]:
     """The Replay settings by segment section: the budget (and every other replay setting that changed)
     of each stretch of a run resumed with changed replay settings."""
@@ -273,7 +324,10 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         f"# {title}",
         "",
         f"`{base}` adapted to domain text by continued masked-language-model pretraining with {scheme} "
-        "(mlm_adapt, PyTorch Lightning).",
+        "(mlm_adapt, PyTorch Lightning)"
+        + (
+            f", then merged back toward it (α = {info.merge['alpha']:.4g}: see below)." if info.merge else "."
+        ),
         "",
         "## Usage",
         "",
@@ -295,10 +349,16 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         step = info.final_metrics_step
         after_head = f"after (step {step})" if step is not None else "after"
         before_head = f"step {warmup}, after a head warm-up" if warmup else "step 0"
-        lines += [f"| metric | before ({before_head}, `{base}`) | {after_head} |", "|---|---:|---:|"]
+        merged = (info.merge or {}).get("merged_metrics") or {}
+        merged_head = f" merged, α = {info.merge['alpha']:.4g} (exported) |" if merged else ""
+        lines += [
+            f"| metric | before ({before_head}, `{base}`) | {after_head} |{merged_head}",
+            "|---|---:|---:|" + ("---:|" if merged else ""),
+        ]
         for name in before_after_names(before, after):
             b, a = (_fmt(v[name], 4) if v.get(name) is not None else "n/a" for v in (before, after))
-            lines.append(f"| {name} | {b} | {a} |")
+            m = f" {_fmt(merged[name], 4) if name in merged else 'not scored'} |" if merged else ""
+            lines.append(f"| {name} | {b} | {a} |{m}")
     else:
         lines.append("No validation metrics were recorded for this checkpoint.")
     if info.head in (HEAD_UNTRAINED, HEAD_PARTIAL):
@@ -335,6 +395,8 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
             f"- {k}: {v if isinstance(v, str) and k in _VERBATIM else _fmt(v)}" for k, v in shown
         ]
     lines += _replay_lines(info.replay)
+    if info.merge:
+        lines += _merge_lines(info.merge, base)
     lines += [
         "",
         f"The full resolved training configuration is in [`{CONFIG_FILENAME}`]({CONFIG_FILENAME}).",

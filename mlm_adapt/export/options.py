@@ -4,6 +4,7 @@ and the Hub upload they configure; light (no torch, no transformers), so that ``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -38,6 +39,12 @@ class ExportOptions:
         private: Create the Hub repository as private.
         revision: Hub branch to commit to (created if missing); default main.
         commit_message: Hub commit message.
+        merge_alpha: Export the weights merged back toward the base model the run started from,
+            base + merge_alpha * (adapted - base): 1 is the adapted model, 0 the base (docs/export.md).
+        merge_budget: Export the merge with the largest alpha whose general validation perplexity rises at
+            most this fraction over the base's (0.2: +20%) with 95% confidence, chosen on half the general
+            set's blocks and reported on the other half; needs a general validation set (the second of
+            data.validation_files).
     """
 
     # How the options are spelled on the command line, for error messages (``export.`` in fit configs).
@@ -52,6 +59,8 @@ class ExportOptions:
     private: bool = False
     revision: str | None = None
     commit_message: str = "Upload adapted masked-LM (mlm_adapt)"
+    merge_alpha: float | None = None
+    merge_budget: float | None = None
 
     def __post_init__(self) -> None:
         if self.push_to_hub and not self.repo_id:
@@ -61,6 +70,27 @@ class ExportOptions:
         if self.repo_id is not None:
             check_repo_id(self.repo_id, f"{self.option_prefix}repo_id")
         self.tags = list(self.tags) if self.tags is not None else None
+        self.check_merge()
+
+    def check_merge(self) -> None:
+        """Refuses a merge weight outside [0, 1], a budget that is no rise > 0, and both at once."""
+        prefix, alpha, budget = self.option_prefix, self.merge_alpha, self.merge_budget
+        if alpha is not None and budget is not None:
+            raise MLMAdaptError(
+                f"{prefix}merge_alpha and {prefix}merge_budget both given; give alpha to merge with it, "
+                "or the budget to choose alpha"
+            )
+        if alpha is not None and not (isinstance(alpha, int | float) and 0 <= alpha <= 1):
+            raise MLMAdaptError(f"{prefix}merge_alpha={alpha} must be in [0, 1] (1: the adapted model)")
+        if budget is not None and not (isinstance(budget, int | float) and 0 < budget < math.inf):
+            raise MLMAdaptError(
+                f"{prefix}merge_budget={budget} must be a finite number > 0, e.g. 0.2 (+20% perplexity)"
+            )
+
+    @property
+    def merges(self) -> bool:
+        """Whether the export is merged toward the base (``merge_alpha`` or ``merge_budget`` given)."""
+        return self.merge_alpha is not None or self.merge_budget is not None
 
     def card_fields(self) -> dict[str, Any]:
         """What the model card states of these options (``ExportInfo``'s license, tags and Hub repo)."""

@@ -11,6 +11,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import CONFIG_FILENAME, ExportInfo, render_model_card
+from mlm_adapt.export.merge import CURVE_FILENAME, draw_curve
 from mlm_adapt.guard.loads import pretrained_tokenizer
 from mlm_adapt.guard.outputs import Output, write_directory
 from mlm_adapt.model.loading import position_limit, pretrained_masked_lm
@@ -90,6 +91,8 @@ def write_export(
             (staging / CONFIG_FILENAME).write_text(info.resolved_config(), encoding="utf-8")
             title = info.repo_id.rsplit("/", 1)[-1] if info.repo_id else output.resolve().name
             render_model_card(info, title=title).save(staging / "README.md")
+            if info.merge.get("curve"):
+                draw_curve(info.merge, staging / CURVE_FILENAME)
         diff = None
         if verify:
             with progress.phase("reloading the export to compare logits"):

@@ -96,14 +96,24 @@ def _cell(values: Mapping[str, float], name: str) -> str:
     return f"{value:.4f}" if spread is None else f"{value:.4f} ± {spread:.4f}"
 
 
-def metrics_table(before: Mapping[str, float], after: Mapping[str, float]) -> str:
-    """A plain-text before/after table of every validation set and downstream task (spreads as ``±``)."""
+def metrics_table(
+    before: Mapping[str, float],
+    after: Mapping[str, float],
+    merged: Mapping[str, float] | None = None,
+    merged_head: str = "merged",
+) -> str:
+    """A plain-text before/after table of every validation set and downstream task (spreads as ``±``), with
+    a third column of the ``merged`` weights' metrics (those it lacks: "n/a") when given."""
     names = [
         n
         for n in before_after_names(before, after)
         if not n.endswith(SPREAD_SUFFIX) and n not in _NOT_COMPARED
     ]
     width = max([len("metric"), *map(len, names)]) + 2
-    lines = [f"{'metric':<{width}}{'before':>18}{'after':>18}"]
-    lines += [f"{n:<{width}}{_cell(before, n):>18}{_cell(after, n):>18}" for n in names]
+    third = merged is not None
+    head = f"{'metric':<{width}}{'before':>18}{'after':>18}" + (f"{merged_head:>18}" if third else "")
+    lines = [head]
+    for n in names:
+        cells = _cell(before, n).rjust(18) + _cell(after, n).rjust(18)
+        lines.append(f"{n:<{width}}{cells}" + (_cell(merged, n).rjust(18) if third else ""))
     return "\n".join(lines)

