@@ -27,7 +27,7 @@ from typing import NamedTuple
 import yaml
 from jsonargparse import ArgumentParser
 
-from mlm_adapt.cli.data_only import prepare_main, preview_main, vocab_main
+from mlm_adapt.cli.data_only import check_corpus_files, prepare_main, preview_main, vocab_main
 from mlm_adapt.cli.fill_mask import fill_mask_main
 from mlm_adapt.cli.help_cache import cacheable, cached_help
 from mlm_adapt.cli.plot import plot_main
@@ -67,12 +67,16 @@ class ExportCommand(ExportOptions):
         base_model: Base model directory or Hub name, if the one recorded in the checkpoint is not available
             here (its config and tokenizer are used; the weights come from the checkpoint).
         progress_bar: Show progress bars; false (batch jobs) logs one line per phase with its duration.
+        data_config: The fit config of the run (a file): with --merge_budget or --merge_alpha, the merge is
+            chosen and scored on its validation sets (data.validation_files, the second the general one)
+            and trainer.limit_val_batches of each, as at the end of fit.
     """
 
     ckpt_path: str
     output_dir: str
     base_model: str | None = None
     progress_bar: bool = True
+    data_config: str | None = None
 
 
 def bare_flags(args: list[str], options: type) -> list[str]:
@@ -107,7 +111,17 @@ def export_main(args: list[str]) -> None:
 
     transformers.logging.disable_progress_bar()
     progress = Progress("export", bars=command.progress_bar)
-    result = export_checkpoint(command.ckpt_path, command.output_dir, command, command.base_model, progress)
+    datamodule, limit = None, None
+    if command.data_config is not None and command.merges:
+        data_args = ["--config", command.data_config]
+        check_corpus_files("export", data_args)
+        from mlm_adapt.cli.fit import DataOnlyCLI  # noqa: PLC0415 - the data module's stack
+
+        data_cli = DataOnlyCLI(data_args, [])
+        datamodule, limit = data_cli.datamodule, data_cli.config.trainer.limit_val_batches
+    result = export_checkpoint(
+        command.ckpt_path, command.output_dir, command, command.base_model, progress, datamodule, limit
+    )
     output_dir = Path(command.output_dir)
     files = sorted(p.name for p in output_dir.iterdir() if not p.name.startswith("."))
     print(f"wrote {output_dir}: {', '.join(files)}")
@@ -116,15 +130,21 @@ def export_main(args: list[str]) -> None:
             "reload check: AutoModelForMaskedLM logits match the checkpoint "
             f"(max |difference| {result.logit_difference:.2e})"
         )
-    info, step = result.info, result.info.final_metrics_step
+    info, step, merged = result.info, result.info.final_metrics_step, result.merge
+    if merged is not None:
+        print(f"mlm_adapt merge: {merged.describe()}")
+        if table := merged.table():
+            print(table)
+    columns = (merged.merged_metrics or None, f"merged α={merged.alpha:.4g}") if merged is not None else ()
     print(
-        metrics_table(info.baseline_metrics, info.final_metrics) + (f"\n(after: step {step})" if step else "")
+        metrics_table(info.baseline_metrics, info.final_metrics, *columns)
+        + (f"\n(after: step {step})" if step else "")
     )
-    if info.merge:
+    if merged is not None and not merged.merged_metrics:
         print(
-            f"merged toward the base model at α={info.merge['alpha']:.4g}: the weights written are not the "
-            "after column's; score them with `python -m mlm_adapt validate --model.model_name_or_path "
-            f"{output_dir}`"
+            f"merged toward the base model at α={merged.alpha:.4g}: not scored here (no --data_config); "
+            f"`python -m mlm_adapt validate --config RUN_CONFIG --model.model_name_or_path {output_dir}` "
+            "scores it"
         )
     if result.hub_url:
         print(f"pushed to {result.hub_url}")

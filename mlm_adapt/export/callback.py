@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -371,7 +372,8 @@ class HFExport(ExportOptions, L.Callback):
             base = base_weights(hparams, key)
             module = scoring_module(hparams, model.state_dict(), getattr(pl_module, "new_tokens", []), key)
             scorer = Scorer(module, trainer.strategy.root_device, trainer.precision_plugin.val_step_context)
-            report = merge(scorer, base, merge_data(trainer), self.merge_alpha, self.merge_budget)
+            data = merge_data(trainer.datamodule, list(trainer.num_val_batches or []))
+            report = merge(scorer, base, data, self.merge_alpha, self.merge_budget)
         rank_zero_info(f"mlm_adapt merge: {report.describe()}")
         rank_zero_info(report.table())
         return module.model, report
@@ -396,27 +398,52 @@ def check_merge_run(
         )
 
 
-def merge_data(trainer: L.Trainer) -> MergeData:
-    """The blocks the run's validation scored (``trainer.limit_val_batches`` of them) of the first set and,
-    in halves, of the second, collated with the fixed validation masks."""
-    datamodule = trainer.datamodule
+def merge_data(datamodule: Any, scored: Sequence[int | float] = ()) -> MergeData:
+    """The validation blocks a merge scores, collated with the fixed validation masks: of the first set
+    and, in halves, of the second, as many batches of each as validation scored (``scored``, by set, e.g.
+    ``trainer.num_val_batches``; all of a set it does not name)."""
     names = list(datamodule.validation_set_names)
     size = datamodule.hparams.eval_batch_size or datamodule.hparams.batch_size
-    scored = list(trainer.num_val_batches or [])
 
-    def blocks(index: int) -> int:
-        dataset = datamodule.val_datasets[names[index]]
-        limit = scored[index] if index < len(scored) else len(dataset)
-        return len(dataset) if limit == float("inf") else int(limit) * size
+    def batches(index: int, halves: bool) -> Any:
+        dataset = KeyedDataset(datamodule.val_datasets[names[index]])
+        limit = scored[index] if index < len(scored) else math.inf
+        blocks = len(dataset) if limit == math.inf else int(limit) * size
+        return split_batches(dataset, datamodule.collator, blocks, size, halves=halves)
 
-    def dataset(index: int) -> KeyedDataset:
-        return KeyedDataset(datamodule.val_datasets[names[index]])
-
-    domain = split_batches(dataset(0), datamodule.collator, blocks(0), size, halves=False)
     if len(names) < 2:
-        return MergeData(domain=domain)
-    general = split_batches(dataset(1), datamodule.collator, blocks(1), size, halves=True)
-    return MergeData(domain=domain, general=general, general_prefix=validation_prefix(1, names))
+        return MergeData(domain=batches(0, False))
+    return MergeData(
+        domain=batches(0, False), general=batches(1, True), general_prefix=validation_prefix(1, names)
+    )
+
+
+def limited_batches(limit: int | float | None, batches: int) -> int | float:
+    """How many of a set's ``batches`` Lightning's validation scores under ``trainer.limit_val_batches``:
+    a count, a fraction, or all (``None``)."""
+    if limit is None:
+        return batches
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit != 1:
+        return min(limit, batches)
+    return int(batches * float(limit))
+
+
+def checkpoint_merge_data(
+    datamodule: MLMDataModule, tokenizer: Any, limit_val_batches: int | float | None
+) -> MergeData:
+    """The validation blocks of ``datamodule`` (the user's config) for merging a checkpoint, refused in one
+    line when its tokenizer is not the checkpoint's (the blocks would be other token ids)."""
+    if datamodule.tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise MLMAdaptError(
+            f"--data_config: its tokenizer ({datamodule.hparams.tokenizer_name_or_path}, with "
+            "model.new_tokens_file if any) is not the checkpoint's; give the fit config of the run that "
+            "wrote --ckpt_path"
+        )
+    datamodule.prepare_data()
+    datamodule.setup("validate")
+    size = datamodule.hparams.eval_batch_size or datamodule.hparams.batch_size
+    counts = [math.ceil(len(d) / size) for d in datamodule.val_datasets.values()]
+    return merge_data(datamodule, [limited_batches(limit_val_batches, n) for n in counts])
 
 
 @dataclass
@@ -426,6 +453,7 @@ class ExportResult:
     info: ExportInfo
     logit_difference: float | None
     hub_url: str | None
+    merge: MergeReport | None = None
 
 
 def export_checkpoint(
@@ -434,11 +462,15 @@ def export_checkpoint(
     options: ExportOptions,
     base_model: str | None = None,
     progress: Progress | None = None,
+    datamodule: MLMDataModule | None = None,
+    limit_val_batches: int | float | None = None,
 ) -> ExportResult:
     """Writes the checkpoint file or FSDP sharded directory ``ckpt_path`` as a Hugging Face directory (and
     optionally pushes it to the Hub), with ``base_model`` if the one it records is not here. The card's
     metrics, corpus statistics and config come from what the run stored in the checkpoint (the module's
-    baseline, ``HFExport``'s state)."""
+    baseline, ``HFExport``'s state). A merge (``options.merge_*``) is scored on the validation sets of
+    ``datamodule`` (built from the user's config, never from the checkpoint), ``limit_val_batches`` of each,
+    if one is given; ``merge_budget`` needs it."""
     progress = progress or Progress("export")
     # The checkpoint, a local base model and what the run read (as the checkpoint records it: the model it
     # started from above all) must survive the export, whatever overwrite says. The metadata is read
@@ -454,22 +486,28 @@ def export_checkpoint(
     check_output(output)
     if options.push_to_hub:
         check_hub_access(options.repo_id)
-    if options.merge_budget is not None:
+    if options.merge_budget is not None and datamodule is None:
         raise MLMAdaptError(
-            "--merge_budget chooses alpha on the run's validation sets, which fit has loaded and export does "
-            "not: set export.merge_budget in the fit config, or give --merge_alpha (e.g. the alpha a "
-            "budgeted export's card reports)"
+            "--merge_budget chooses alpha on the run's validation sets: give the run's fit config as "
+            "--data_config (or --merge_alpha, e.g. the alpha a budgeted export's card reports)"
         )
     with progress.phase(f"loading {ckpt_path}"):
         checkpoint = load_checkpoint(ckpt_path)
         module = module_from_checkpoint(checkpoint, base_model)
     tokenizer = tokenizer_for(checkpoint, base_model)
     report = None
-    if options.merge_alpha is not None:
+    if options.merges:
+        key = "--merge_budget" if options.merge_budget is not None else "--merge_alpha"
         hparams = dict(checkpoint.get("hyper_parameters") or {})
+        data = None
+        if datamodule is not None:
+            with progress.phase("loading the validation sets of --data_config"):
+                data = checkpoint_merge_data(datamodule, tokenizer, limit_val_batches)
         with progress.phase("merging toward the base model"):
-            base = base_weights(hparams, "--merge_alpha", base_model)
-            report = merge(Scorer(module), base, None, alpha=options.merge_alpha)
+            base = base_weights(hparams, key, base_model)
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            scorer = Scorer(module, device)
+            report = merge(scorer, base, data, options.merge_alpha, options.merge_budget)
     state = callback_state(checkpoint, HFExport.__qualname__)
     history = {int(k): v for k, v in (state.get("val_history") or {}).items()}
     final, final_step = val_metrics_at(history, checkpoint.get("global_step"))
@@ -490,4 +528,4 @@ def export_checkpoint(
         merge=report.plain() if report is not None else {},
     )
     diff = write_export(module.model, tokenizer, output, info, verify=options.verify, progress=progress)
-    return ExportResult(info, diff, options.push(Path(output_dir), progress))
+    return ExportResult(info, diff, options.push(Path(output_dir), progress), report)

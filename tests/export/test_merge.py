@@ -6,6 +6,7 @@ import json
 import math
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -217,9 +218,12 @@ def people_daily(limit: int) -> list[str]:
     return lines[:limit]
 
 
-@pytest.mark.slow
-def test_fit_exports_the_merge_chosen_under_the_budget(tiny_model_dir, review_texts, tmp_path):
-    # A base that knows general text (news), then adapted hard to reviews: general perplexity rises.
+@pytest.fixture(scope="module")
+def budget_run(tmp_path_factory, tiny_model_dir, review_texts) -> SimpleNamespace:
+    """A base that knows general text (news: 30 steps from the tiny model), then adapted hard to reviews
+    (30 steps, lr 0.01), so general perplexity rises, exported merged under ``merge_budget`` 0.05. The
+    adaptation's settings are also written as a fit config (``config``) for the export command."""
+    tmp_path = tmp_path_factory.mktemp("budget")
     news = people_daily(900)
     (tmp_path / "news.txt").write_text("\n".join(news[:700]) + "\n", encoding="utf-8")
     (tmp_path / "news_val.txt").write_text("\n".join(news[700:]) + "\n", encoding="utf-8")
@@ -237,6 +241,20 @@ def test_fit_exports_the_merge_chosen_under_the_budget(tiny_model_dir, review_te
     )
     assert (result := run_cli("fit", *pretrain)).returncode == 0, result.stderr[-3000:]
     root = tmp_path / "run"
+    config = tmp_path / "adapt.yaml"
+    settings = {
+        "model": {"model_name_or_path": str(base), "max_seq_length": 64},
+        "data": {
+            "train_files": [str(tmp_path / "reviews.txt")],
+            "validation_files": {"domain": None, "general": [str(tmp_path / "news_val.txt")]},
+            "validation_split": 0.1,
+            "batch_size": 8,
+            "num_workers": 0,
+            "cache_dir": str(root / "hf_cache"),
+        },
+        "trainer": {"limit_val_batches": 2},
+    }
+    config.write_text(json.dumps(settings), encoding="utf-8")  # JSON is YAML
     checkpoint = json.dumps(
         {
             "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
@@ -259,14 +277,37 @@ def test_fit_exports_the_merge_chosen_under_the_budget(tiny_model_dir, review_te
     output = result.stdout + result.stderr
     line = re.search(r"mlm_adapt merge: α=([0-9.]+), the largest within merge_budget=0.05", output)
     assert line, output[-3000:]
-    alpha = float(line.group(1))
-    assert 0 < alpha < 1, result.stdout[-3000:]
-    export = root / "export"
-    assert_merged(export, base, root / "checkpoints" / "last.ckpt", alpha)
-    assert re.search(rf"^metric +before +after +merged α={alpha:.4g}$", result.stdout, re.M)
+    return SimpleNamespace(
+        root=root, base=base, config=config, alpha=float(line.group(1)), stdout=result.stdout, tmp=tmp_path
+    )
+
+
+@pytest.mark.slow
+def test_fit_exports_the_merge_chosen_under_the_budget(budget_run):
+    alpha, export = budget_run.alpha, budget_run.root / "export"
+    assert 0 < alpha < 1, budget_run.stdout[-3000:]
+    assert_merged(export, budget_run.base, budget_run.root / "checkpoints" / "last.ckpt", alpha)
+    assert re.search(rf"^metric +before +after +merged α={alpha:.4g}$", budget_run.stdout, re.M)
     card = (export / "README.md").read_text(encoding="utf-8")
     assert f"**α = {alpha:.4g}**" in card and "merged, α =" in card
     assert (export / "merge_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_export_command_chooses_the_same_alpha_from_the_run_config(budget_run):
+    out = budget_run.tmp / "from_command"
+    result = run_cli(
+        "export",
+        f"--ckpt_path={budget_run.root / 'checkpoints' / 'last.ckpt'}",
+        f"--output_dir={out}",
+        "--merge_budget=0.05",
+        f"--data_config={budget_run.config}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"mlm_adapt merge: α={budget_run.alpha:.4g}, the largest within merge_budget=0.05" in result.stdout
+    exported, from_fit = exported_state(out), exported_state(budget_run.root / "export")
+    assert exported.keys() == from_fit.keys()
+    assert all(torch.equal(exported[k], from_fit[k]) for k in exported)
 
 
 @pytest.mark.slow
@@ -300,3 +341,41 @@ def test_fit_refuses_a_merge_it_cannot_give_before_training(
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"mlm_adapt: error: {message}"), result.stderr[-2000:]
     assert not (tmp_path / "run" / "export").exists()
+
+
+@pytest.mark.slow
+def test_an_fsdp_sharded_checkpoint_merges_as_its_file_does(trained_run, tiny_model_dir, tmp_path):
+    from lightning.fabric.strategies.fsdp import _distributed_checkpoint_save
+    from lightning.fabric.utilities.load import _METADATA_FILENAME
+
+    (ckpt,) = [p for p in (trained_run / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt"]
+    # Laid out as FSDPStrategy.save_checkpoint(state_dict_type="sharded") does (see test_export).
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
+    checkpoint.pop("optimizer_states")
+    sharded = tmp_path / "epoch=0-step=6.ckpt"
+    _distributed_checkpoint_save({"model": checkpoint.pop("state_dict")}, sharded)
+    torch.save(checkpoint, sharded / _METADATA_FILENAME)
+    out = tmp_path / "merged"
+    result = run_cli("export", f"--ckpt_path={sharded}", f"--output_dir={out}", "--merge_alpha=0.5")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_merged(out, tiny_model_dir, ckpt, 0.5)
+
+
+@pytest.mark.slow
+def test_a_data_config_of_another_tokenizer_is_refused(budget_run):
+    other = budget_run.tmp / "other.yaml"
+    settings = json.loads(budget_run.config.read_text(encoding="utf-8"))
+    settings["model"]["model_name_or_path"] = str(family_dir("xlmr"))
+    other.write_text(json.dumps(settings), encoding="utf-8")
+    out = budget_run.tmp / "refused"
+    result = run_cli(
+        "export",
+        f"--ckpt_path={budget_run.root / 'checkpoints' / 'last.ckpt'}",
+        f"--output_dir={out}",
+        "--merge_budget=0.05",
+        f"--data_config={other}",
+    )
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("mlm_adapt: error: --data_config: its tokenizer"), result.stderr[-2000:]
+    assert not out.exists()
