@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.model.checkpoints import module_from_checkpoint
 from mlm_adapt.model.loading import HEAD_TRAINED, head_parameters, load_masked_lm
+from mlm_adapt.model.metrics import WordAccuracy, word_keys
 from mlm_adapt.model.module import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_KEY, NEW_TOKENS_KEY, MaskedLMModule
 
 Batch = dict[str, torch.Tensor]
@@ -106,14 +107,21 @@ def scoring_module(
 
 @dataclass
 class Sums:
-    """The masked-token cross-entropies of some blocks (one per masked token, in order) and how many of
-    those tokens were predicted right."""
+    """The masked-token cross-entropies of some blocks (one per masked token, in order), how many of those
+    tokens were predicted right, and how many masked words were (all their tokens right) of how many."""
 
     losses: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     correct: int = 0
+    words_correct: int = 0
+    words: int = 0
 
     def __add__(self, other: Sums) -> Sums:
-        return Sums(torch.cat([self.losses, other.losses]), self.correct + other.correct)
+        return Sums(
+            torch.cat([self.losses, other.losses]),
+            self.correct + other.correct,
+            self.words_correct + other.words_correct,
+            self.words + other.words,
+        )
 
     @property
     def mean(self) -> float:
@@ -125,12 +133,14 @@ class Sums:
 
     def metrics(self, prefix: str) -> dict[str, float]:
         """The validation metrics these tokens give, as ``<prefix>/loss`` etc. are logged."""
-        accuracy = self.correct / max(len(self.losses), 1)
-        return {
+        metrics = {
             f"{prefix}/loss": self.mean,
-            f"{prefix}/accuracy": accuracy,
+            f"{prefix}/accuracy": self.correct / max(len(self.losses), 1),
             f"{prefix}/perplexity": self.perplexity,
         }
+        if self.words:
+            metrics[f"{prefix}/word_accuracy"] = self.words_correct / self.words
+        return metrics
 
 
 # One-sided 95%: the chosen α keeps the rise within the budget with this confidence on text like the selection
@@ -269,14 +279,18 @@ class Scorer:
     @torch.no_grad()
     def sums(self, batches: Sequence[Batch]) -> Sums:
         self.evaluations += 1
-        losses, correct = [], 0
+        losses, correct, words = [], 0, WordAccuracy()
         with self.context():
             for batch in batches:
                 batch = {k: v.to(self.device) for k, v in batch.items()}
                 logits, labels = self.module.masked_logits(batch)
                 losses.append(F.cross_entropy(logits.float(), labels, reduction="none").double().cpu())
-                correct += int((logits.argmax(-1) == labels).sum())
-        return Sums(torch.cat(losses) if losses else Sums().losses, correct)
+                right = logits.argmax(-1) == labels
+                correct += int(right.sum())
+                if "word_ids" in batch:  # as validation scores words (model.metrics.WordAccuracy)
+                    words.update(right.cpu(), word_keys(batch["word_ids"], batch["labels"] != -100).cpu())
+        found = torch.cat(losses) if losses else Sums().losses
+        return Sums(found, correct, int(words.correct), int(words.total))
 
 
 def choose_alpha(rise: Callable[[float], float], budget: float) -> float:

@@ -66,7 +66,14 @@ def test_alpha_0_is_the_base_and_alpha_1_the_adapted_model_bit_for_bit(family):
     halfway = interpolate(base, adapted, 0.5)
     for name in floating:
         torch.testing.assert_close(halfway[name], (base[name] + adapted[name]) / 2)
-    adapted_model.load_state_dict(halfway)  # a whole state of the family's own architecture
+    # The merge as the export runs it: the family's module holds exactly the merged weights.
+    hparams = {"model_name_or_path": str(directory), "max_seq_length": 64}
+    scorer = Scorer(scoring_module(hparams, adapted, [], "export.merge_alpha"))
+    report = merge(scorer, base, None, alpha=0.5)
+    assert report.alpha == 0.5 and not report.figures
+    merged = scorer.module.model.state_dict()
+    for name in floating:
+        assert torch.equal(merged[name], halfway[name]), name
 
 
 def test_added_vocabulary_rows_keep_their_adapted_values():
@@ -291,6 +298,28 @@ def test_fit_exports_the_merge_chosen_under_the_budget(budget_run):
     card = (export / "README.md").read_text(encoding="utf-8")
     assert f"**α = {alpha:.4g}**" in card and "merged, α =" in card
     assert (export / "merge_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The merged column is what an independent validate of the export scores, metric for metric.
+    merged = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r"^(val\S*)\s+\S+\s+\S+\s+([\d.]+)$", budget_run.stdout, re.M)
+    }
+    assert {"val/word_accuracy", "val_general/perplexity"} <= merged.keys()
+    result = run_cli(
+        "validate",
+        f"--config={budget_run.config}",
+        f"--model.model_name_or_path={export}",
+        f"--trainer.default_root_dir={budget_run.tmp / 'validate'}",
+        "--trainer.logger=false",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    scored = {
+        m.group(1): float(m.group(2) or m.group(3))
+        for m in re.finditer(r"│\s*(val\S*)\s*│\s*([\d.]*)\s*│\s*([\d.]*)\s*│", result.stdout)
+    }
+    # Lightning's table shortens the longest names (val_general/word_accur…).
+    assert {"val/word_accuracy", "val/perplexity", "val_general/perplexity"} <= scored.keys()
+    for name in scored.keys() & merged.keys():
+        assert scored[name] == pytest.approx(merged[name], rel=1e-6, abs=1e-4), name
 
 
 @pytest.mark.slow
@@ -341,6 +370,23 @@ def test_fit_refuses_a_merge_it_cannot_give_before_training(
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"mlm_adapt: error: {message}"), result.stderr[-2000:]
     assert not (tmp_path / "run" / "export").exists()
+
+
+@pytest.mark.slow
+def test_export_at_alpha_0_writes_the_base_and_at_alpha_1_the_checkpoint_bit_for_bit(
+    trained_run, tiny_model_dir, tmp_path
+):
+    (ckpt,) = [p for p in (trained_run / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt"]
+    expected = {
+        0: AutoModelForMaskedLM.from_pretrained(tiny_model_dir).state_dict(),
+        1: checkpoint_state(ckpt),
+    }
+    for alpha, weights in expected.items():
+        out = tmp_path / f"alpha_{alpha}"
+        result = run_cli("export", f"--ckpt_path={ckpt}", f"--output_dir={out}", f"--merge_alpha={alpha}")
+        assert result.returncode == 0, result.stderr[-3000:]
+        exported = exported_state(out)
+        assert exported and all(torch.equal(tensor, weights[name]) for name, tensor in exported.items())
 
 
 @pytest.mark.slow
