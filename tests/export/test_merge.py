@@ -133,7 +133,7 @@ def token_losses(model, batches) -> torch.Tensor:
 
 
 def test_a_tiny_model_pair_with_a_known_curve_picks_the_expected_alpha(tiny_model_dir, corpus_file, tmp_path):
-    datamodule = make_datamodule(tiny_model_dir, corpus_file, tmp_path, validation_split=0.3)
+    datamodule = make_datamodule(tiny_model_dir, corpus_file, tmp_path, validation_split=0.15)
     datamodule.prepare_data()
     datamodule.setup("fit")
     dataset = KeyedDataset(datamodule.val_dataset)
