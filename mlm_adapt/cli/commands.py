@@ -78,6 +78,13 @@ class ExportCommand(ExportOptions):
     progress_bar: bool = True
     data_config: str | None = None
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.data_config is not None and not self.merges:
+            raise MLMAdaptError(
+                "--data_config is read only to merge (--merge_budget or --merge_alpha); drop it, or add one"
+            )
+
 
 def bare_flags(args: list[str], options: type) -> list[str]:
     """Lets boolean options be given as bare flags, as documented (``--overwrite`` -> ``--overwrite=true``):

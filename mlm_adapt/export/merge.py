@@ -210,7 +210,7 @@ class MergeReport:
         if self.budget is None:
             how = "given (export.merge_alpha)"
         else:
-            how = f"the largest within merge_budget={self.budget:g} on half the {general} blocks"
+            how = f"the largest within merge_budget={self.budget:g} (95% bound) on half the {general} blocks"
         parts = [f"α={self.alpha:.4g}, {how}"]
         if not self.figures:
             return parts[0] + "; not scored (no validation data here: score the export with validate)"

@@ -188,6 +188,19 @@ def test_merge_options_are_checked_at_the_door(options, message):
         ExportOptions(**options)
 
 
+def test_a_data_config_without_a_merge_is_refused(capsys):
+    from mlm_adapt.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["export", "--ckpt_path=x.ckpt", "--output_dir=out", "--data_config=run.yaml"])
+    assert stop.value.code != 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        "mlm_adapt: error: --data_config is read only to merge (--merge_budget or --merge_alpha); "
+        "drop it, or add one"
+    ]
+
+
 def test_a_run_from_random_weights_has_no_base_to_merge_toward(tiny_model_dir):
     hparams = {"model_name_or_path": str(tiny_model_dir), "pretrained": False}
     with pytest.raises(MLMAdaptError, match=r"^export.merge_alpha: the run started from random weights"):
