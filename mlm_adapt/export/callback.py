@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,18 +23,18 @@ from typing_extensions import override
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.data.progress import Progress
 from mlm_adapt.data.replay import summary_from_checkpoint
-from mlm_adapt.data.samplers import KeyedDataset
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export.card import ExportInfo, val_metrics_at
 from mlm_adapt.export.merge import (
-    MergeData,
     MergeReport,
     Scorer,
     base_weights,
+    check_merge_run,
+    checkpoint_merge_data,
     merge,
+    merge_data,
     scoring_module,
-    split_batches,
 )
 from mlm_adapt.export.options import ExportOptions, check_hub_access
 from mlm_adapt.export.writer import write_export
@@ -377,73 +376,6 @@ class HFExport(ExportOptions, L.Callback):
         rank_zero_info(f"mlm_adapt merge: {report.describe()}")
         rank_zero_info(report.table())
         return module.model, report
-
-
-def check_merge_run(
-    model_hparams: Any, datamodule: Any, budget: float | None, prefix: str = "export."
-) -> None:
-    """Refuses, before training, a merge the run cannot give: from random weights (no base to return to),
-    or under a budget without a general validation set to measure it on."""
-    option = f"{prefix}merge_budget" if budget is not None else f"{prefix}merge_alpha"
-    if not (model_hparams or {}).get("pretrained", True):
-        raise MLMAdaptError(
-            f"{option}: the run starts from random weights (model.pretrained false), so there is no base "
-            "model to merge toward; drop the merge option"
-        )
-    names = list(getattr(datamodule, "validation_set_names", None) or [])
-    if budget is not None and len(names) < 2:
-        raise MLMAdaptError(
-            f"{option} needs a general validation set to measure forgetting on: give data.validation_files "
-            "as a mapping, e.g. {domain: null, general: [general_val.txt]}"
-        )
-
-
-def merge_data(datamodule: Any, scored: Sequence[int | float] = ()) -> MergeData:
-    """The validation blocks a merge scores, collated with the fixed validation masks: of the first set
-    and, in halves, of the second, as many batches of each as validation scored (``scored``, by set, e.g.
-    ``trainer.num_val_batches``; all of a set it does not name)."""
-    names = list(datamodule.validation_set_names)
-    size = datamodule.hparams.eval_batch_size or datamodule.hparams.batch_size
-
-    def batches(index: int, halves: bool) -> Any:
-        dataset = KeyedDataset(datamodule.val_datasets[names[index]])
-        limit = scored[index] if index < len(scored) else math.inf
-        blocks = len(dataset) if limit == math.inf else int(limit) * size
-        return split_batches(dataset, datamodule.collator, blocks, size, halves=halves)
-
-    if len(names) < 2:
-        return MergeData(domain=batches(0, False))
-    return MergeData(
-        domain=batches(0, False), general=batches(1, True), general_prefix=validation_prefix(1, names)
-    )
-
-
-def limited_batches(limit: int | float | None, batches: int) -> int | float:
-    """How many of a set's ``batches`` Lightning's validation scores under ``trainer.limit_val_batches``:
-    a count, a fraction, or all (``None``)."""
-    if limit is None:
-        return batches
-    if isinstance(limit, int) and not isinstance(limit, bool) and limit != 1:
-        return min(limit, batches)
-    return int(batches * float(limit))
-
-
-def checkpoint_merge_data(
-    datamodule: MLMDataModule, tokenizer: Any, limit_val_batches: int | float | None
-) -> MergeData:
-    """The validation blocks of ``datamodule`` (the user's config) for merging a checkpoint, refused in one
-    line when its tokenizer is not the checkpoint's (the blocks would be other token ids)."""
-    if datamodule.tokenizer.get_vocab() != tokenizer.get_vocab():
-        raise MLMAdaptError(
-            f"--data_config: its tokenizer ({datamodule.hparams.tokenizer_name_or_path}, with "
-            "model.new_tokens_file if any) is not the checkpoint's; give the fit config of the run that "
-            "wrote --ckpt_path"
-        )
-    datamodule.prepare_data()
-    datamodule.setup("validate")
-    size = datamodule.hparams.eval_batch_size or datamodule.hparams.batch_size
-    counts = [math.ceil(len(d) / size) for d in datamodule.val_datasets.values()]
-    return merge_data(datamodule, [limited_batches(limit_val_batches, n) for n in counts])
 
 
 @dataclass
