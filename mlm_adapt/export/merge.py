@@ -414,12 +414,12 @@ def merge_data(datamodule: Any, scored: Sequence[int | float] = ()) -> MergeData
 
 def limited_batches(limit: int | float | None, batches: int) -> int | float:
     """How many of a set's ``batches`` Lightning's validation scores under ``trainer.limit_val_batches``:
-    a count, a fraction, or all (``None``)."""
+    an int is a count (``1``: one batch), a float a fraction (``1.0``: all), ``None`` all."""
     if limit is None:
         return batches
-    if isinstance(limit, int) and not isinstance(limit, bool) and limit != 1:
+    if isinstance(limit, int):
         return min(limit, batches)
-    return int(batches * float(limit))
+    return int(batches * limit)
 
 
 def checkpoint_merge_data(

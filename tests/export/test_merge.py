@@ -29,6 +29,7 @@ from mlm_adapt.export.merge import (
     base_weights,
     choose_alpha,
     interpolate,
+    limited_batches,
     merge,
     rise_bound,
     scoring_module,
@@ -199,6 +200,15 @@ def test_a_data_config_without_a_merge_is_refused(capsys):
         "mlm_adapt: error: --data_config is read only to merge (--merge_budget or --merge_alpha); "
         "drop it, or add one"
     ]
+
+
+@pytest.mark.parametrize("limit", [1, 3, 50, 1.0, 0.5, 0.25])
+def test_the_export_command_scores_the_batches_fit_validates(limit):
+    from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
+    from lightning.pytorch.trainer.states import RunningStage
+
+    assert limited_batches(limit, 10) == _parse_num_batches(RunningStage.VALIDATING, 10, limit)
+    assert limited_batches(None, 10) == 10
 
 
 def test_a_run_from_random_weights_has_no_base_to_merge_toward(tiny_model_dir):
