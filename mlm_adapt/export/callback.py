@@ -329,7 +329,8 @@ class HFExport(ExportOptions, L.Callback):
         report = None
         if self.merges:
             model, report = self._merge(trainer, pl_module, model, progress)
-            pl_module.merged_metrics = {"alpha": report.alpha, **report.merged_metrics}
+            # The before/after table's third column (training.callbacks.BeforeAfterValidation).
+            pl_module.merged_column = (report.merged_metrics, f"merged α={report.alpha:.4g}")
         datamodule = trainer.datamodule
         tokenizer = getattr(datamodule, "tokenizer", None) or load_tokenizer(
             pl_module.hparams["model_name_or_path"], pl_module.hparams.get("new_tokens_file")

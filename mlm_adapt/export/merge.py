@@ -16,7 +16,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,14 @@ GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 BISECTIONS = 4
 # The halves of the general set: blocks at even positions choose α, odd ones report it.
 SELECTION, HELD_OUT = "selection", "held_out"
+
+
+def no_general_set(key: str) -> MLMAdaptError:
+    """Why a budget cannot be judged: no general validation set (``key``: the budget's option)."""
+    return MLMAdaptError(
+        f"{key} needs a general validation set to measure forgetting on: give data.validation_files as a "
+        "mapping, e.g. {domain: null, general: [general_val.txt]}"
+    )
 
 
 def base_weights(
@@ -245,18 +253,8 @@ class MergeReport:
         return "\n".join(lines)
 
     def plain(self) -> dict[str, Any]:
-        """The report as plain values (the model card, checkpoints)."""
-        return {
-            "alpha": self.alpha,
-            "budget": self.budget,
-            "domain_prefix": self.domain_prefix,
-            "general_prefix": self.general_prefix,
-            "figures": self.figures,
-            "curve": [list(point) for point in self.curve],
-            "merged_metrics": self.merged_metrics,
-            "evaluations": self.evaluations,
-            "seconds": self.seconds,
-        }
+        """The report as plain values (what the model card and the curve are drawn from)."""
+        return asdict(self)
 
 
 class Scorer:
@@ -337,10 +335,7 @@ def merge(
     curve: list[tuple[float, float | None, float | None]] = []
     if budget is not None:
         if general is None:
-            raise MLMAdaptError(
-                "merge_budget needs a general validation set to measure forgetting on: give "
-                "data.validation_files as a mapping, e.g. {domain: null, general: [general_val.txt]}"
-            )
+            raise no_general_set("merge_budget")
         alpha = choose_alpha(lambda a: rise_bound(score(a, SELECTION), score(0.0, SELECTION)), budget)
     if alpha is None:
         raise ValueError("merge: give alpha or budget")
@@ -384,12 +379,8 @@ def check_merge_run(model_hparams: Any, datamodule: Any, budget: float | None) -
             f"{option}: the run starts from random weights (model.pretrained false), so there is no base "
             "model to merge toward; drop the merge option"
         )
-    names = list(getattr(datamodule, "validation_set_names", None) or [])
-    if budget is not None and len(names) < 2:
-        raise MLMAdaptError(
-            f"{option} needs a general validation set to measure forgetting on: give data.validation_files "
-            "as a mapping, e.g. {domain: null, general: [general_val.txt]}"
-        )
+    if budget is not None and len(getattr(datamodule, "validation_set_names", None) or []) < 2:
+        raise no_general_set(option)
 
 
 def merge_data(datamodule: Any, scored: Sequence[int | float] = ()) -> MergeData:

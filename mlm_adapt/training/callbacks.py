@@ -80,12 +80,10 @@ class BeforeAfterValidation(L.Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         before = dict(getattr(pl_module, "baseline_metrics", None) or {})
         after = before_after_metrics(trainer.callback_metrics)
-        # Set by the export when it merged the weights toward the base (export.merge_*): a third column.
-        merged = dict(getattr(pl_module, "merged_metrics", None) or {})
-        alpha = merged.pop("alpha", None)
+        # (metrics, heading): set by the export when it merged the weights toward the base (export.merge_*).
+        merged = getattr(pl_module, "merged_column", None) or ()
         if before and after and trainer.is_global_zero:
-            head = f"merged α={alpha:.4g}" if alpha is not None else "merged"
-            print(metrics_table(before, after, merged or None, head))
+            print(metrics_table(before, after, *merged))
             if warmup := baseline_step(pl_module):
                 print(f"before: step {warmup}, after model.head_warmup_steps={warmup} trained the head alone")
 
