@@ -34,6 +34,7 @@ from mlm_adapt.training.resume import (
     FIXED_SETTINGS,
     WEIGHT_SETTINGS,
     check_settings,
+    nothing_to_train,
     resume_match,
     run_settings,
 )
@@ -216,6 +217,14 @@ class MLMAdaptCLI(LightningCLI):
         self._check_device_memory(training=True)
         optimizer = self._optimizer_config()  # recorded in every checkpoint, for its resume
         saved = self._check_checkpoint(tuple(FIXED_SETTINGS), optimizer)
+        if saved is not None:
+            config = self.config.fit
+            finished = nothing_to_train(
+                config.ckpt_path, saved, config.trainer.max_steps, config.trainer.max_epochs
+            )
+            if finished is not None:
+                rank_zero_info(f"mlm_adapt fit: {finished}")
+                raise SystemExit(0)  # before anything is written: the run's files stay as they are
         match = resume_match(self.trainer.callbacks)
         if match is not None:
             self.trainer.callbacks.remove(match)

@@ -72,8 +72,30 @@ def continue_on_other_world(
     )
 
 
+def as_saved_in_the_epoch(checkpoint: dict[str, Any]) -> None:
+    """Writes a checkpoint saved after the epoch loop stopped (``on_train_epoch_end``, the validation
+    ``on_train_end`` runs, the end of fit) the way one saved at its last batch's validation reads.
+
+    Lightning counts the epoch processed (and, after its end hooks, completed) when it stops, also at
+    ``max_steps`` before the epoch's data ran out; resumed from such a checkpoint (``--trainer.max_steps``
+    raised) it would start the next epoch at the stopped epoch's loader position, leaving the rest of the
+    epoch untrained and skipping the start of the next, or, at an epoch's end, skip an epoch's order.
+    Written as still in its epoch, the resumed run finishes the epoch from the loader's position (none
+    left after its last batch) and goes on to the next, as a run that had not stopped.
+    """
+    fit_loop = (checkpoint.get("loops") or {}).get("fit_loop")
+    if not fit_loop:
+        return
+    progress = fit_loop["epoch_progress"]
+    if progress["current"]["processed"] != progress["current"]["started"]:
+        return  # saved within the epoch: Lightning resumes it as it is
+    for counts in (progress["total"], progress["current"]):
+        counts["processed"] = counts["completed"] = counts["started"] - 1
+
+
 class ExactResume(L.Callback):
-    """Makes ``fit --ckpt_path last`` (or a SLURM requeue) continue exactly where the killed run was.
+    """Makes ``fit --ckpt_path last`` (or a SLURM requeue) continue exactly where the killed run was,
+    and a finished run extended (``--trainer.max_steps`` raised) continue as one longer run.
 
     Before every training batch, torch's generators (CPU and CUDA) are reseeded from
     ``(seed, epoch, batch_idx, global_rank)``: dropout then depends only on the batch position, which the
@@ -106,7 +128,14 @@ class ExactResume(L.Callback):
         fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
         self._loader_states = list((fit_loop.get("state_dict") or {}).get("combined_loader") or [])
         current = (fit_loop.get("epoch_progress") or {}).get("current") or {}
-        self._loader_epoch = int(current.get("processed", 0))
+        # The epoch the loader's position belongs to: the last one started.
+        self._loader_epoch = int(current.get("started", 1)) - 1
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        as_saved_in_the_epoch(checkpoint)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -241,6 +241,38 @@ class ResumeMatch(L.Callback):
         return state
 
 
+def epochs_trained(checkpoint: Mapping[str, Any]) -> int:
+    """The epochs whose every batch a checkpoint has trained (its loop state; 0 if it has none)."""
+    fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+    epochs = (fit_loop.get("epoch_progress") or {}).get("current") or {}
+    processed, started = int(epochs.get("processed", 0)), int(epochs.get("started", 0))
+    # Saved in its epoch (mlm_adapt's checkpoints always are): the epoch counts once its last batch trained.
+    last_batch = (fit_loop.get("epoch_loop.batch_progress") or {}).get("is_last_batch", False)
+    return processed + int(bool(last_batch) and processed < started)
+
+
+def nothing_to_train(
+    checkpoint_path: str | Path, checkpoint: Mapping[str, Any], max_steps: int, max_epochs: int | None
+) -> str | None:
+    """The line that says a resume would train nothing, the checkpoint having reached the run's
+    ``trainer.max_steps`` (or ``max_epochs``), else ``None``. Lightning would restore it, train nothing and
+    the export would then be written again with an earlier validation's metrics as the run's result."""
+    step = int(checkpoint.get("global_step", 0))
+    epochs = epochs_trained(checkpoint)
+    if max_steps == -1 and max_epochs is None:
+        max_epochs = 1000  # Lightning's default when neither is given
+    if max_steps != -1 and step >= max_steps:
+        trained = f"{step} steps, reaching trainer.max_steps {max_steps}"
+    elif max_epochs is not None and max_epochs != -1 and epochs >= max_epochs:
+        trained = f"{epochs} epochs ({step} steps), reaching trainer.max_epochs {max_epochs}"
+    else:
+        return None
+    return (
+        f"ckpt_path: {checkpoint_path} already trained {trained}: nothing to train, the export is left as "
+        "it is; to train longer, raise --trainer.max_steps (or --trainer.max_epochs) above it"
+    )
+
+
 def _last_log_step(checkpoint: Mapping[str, Any]) -> int:
     # Lightning logs the rows of optimizer step k at logger step k - 1.
     return checkpoint.get("global_step", 0) - 1
