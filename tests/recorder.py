@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 
 
@@ -157,3 +158,29 @@ def assert_kill_and_resume_reproduces(fit: Callable[..., Any], root: Path, steps
     key = ("step", "epoch", "batch_idx", "ids", "digest", "mix_rate")  # digest: same examples and masks
     resumed = first_half + read_records(killed / "rec")
     assert [{k: r.get(k) for k in key} for r in resumed] == [{k: r.get(k) for k in key} for r in expected]
+
+
+class NumpyState(L.Callback):
+    """Keeps numpy values in its checkpoint state, as callbacks do (a best score as ``np.float64``), and
+    writes what it loaded back to ``out_file`` (JSON), so a test can see that a resume restored them."""
+
+    def __init__(self, out_file: str):
+        self.out_file = Path(out_file)
+        self.best = np.float64(0.0)
+        self.history = np.zeros(0, dtype=np.float32)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.best = np.float64(trainer.global_step)
+        self.history = np.append(self.history, np.float32(trainer.global_step))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "history": self.history, "steps": np.int64(len(self.history))}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best, self.history = state_dict["best"], state_dict["history"]
+        loaded = {
+            key: [type(value).__name__, np.asarray(value).tolist()] for key, value in state_dict.items()
+        }
+        self.out_file.write_text(json.dumps(loaded), encoding="utf-8")

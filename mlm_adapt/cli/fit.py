@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import time
+from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
@@ -23,6 +25,7 @@ from mlm_adapt.data.forgetting import ForgettingOptions
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError, exception_line
 from mlm_adapt.export import HFExport
+from mlm_adapt.guard.locks import run_root_locked
 from mlm_adapt.model import MaskedLMModule
 from mlm_adapt.model.checkpoints import checkpoint_metadata
 from mlm_adapt.model.loading import check_trainer_fits
@@ -123,7 +126,9 @@ class MLMAdaptCLI(LightningCLI):
         parser_kwargs = kwargs.get("parser_kwargs", {"prog": "python -m mlm_adapt", "description": ABOUT})
         # Parser errors are raised (ArgumentError), for the CLI's one-line error boundary to report.
         kwargs["parser_kwargs"] = {"exit_on_error": False, **parser_kwargs}
-        super().__init__(MaskedLMModule, MLMDataModule, *args, **kwargs)
+        self.held = contextlib.ExitStack()  # locks held for the whole command
+        with self.held:
+            super().__init__(MaskedLMModule, MLMDataModule, *args, **kwargs)
 
     @staticmethod
     @override
@@ -164,6 +169,8 @@ class MLMAdaptCLI(LightningCLI):
             raise MLMAdaptError(f"trainer.accumulate_grad_batches={accumulate} must be at least 1")
         root_loggers(trainer)
         if self.subcommand == "fit":
+            if rank_zero_only.rank == 0:  # the other ranks of the run are its own
+                self.held.enter_context(run_root_locked(Path(trainer.default_root_dir or ".")))
             resolve_resume(self.config.fit)
         elif self.subcommand in ("validate", "test"):
             resolve_resume(self.config[self.subcommand], follow_version=False)

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy
+import numpy._core.multiarray as numpy_multiarray
 import torch
 from lightning.fabric.utilities.load import _METADATA_FILENAME
 from safetensors import safe_open
@@ -37,8 +39,19 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 from mlm_adapt.errors import MLMAdaptError, check_model_path, exception_line
 
 # Types beyond what weights_only admits: hyper-parameters given from Python (cache_dir=Path(...)) are stored
-# as paths. mlm_adapt's own checkpoints need nothing else (torch's get_unsafe_globals_in_checkpoint).
-ALLOWED_GLOBALS: list[Any] = [pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath]
+# as paths, and callbacks keep numpy scalars and arrays in their state (a ModelCheckpoint-like best score as
+# np.float64). The numpy constructors are the ones torch's serialization notes allowlist for this: they
+# build an array or scalar from plain data and a dtype, and reach no other global.
+ALLOWED_GLOBALS: list[Any] = [
+    pathlib.PosixPath,
+    pathlib.WindowsPath,
+    pathlib.PurePosixPath,
+    numpy.ndarray,
+    numpy.dtype,
+    numpy_multiarray._reconstruct,
+    numpy_multiarray.scalar,
+    *(getattr(numpy.dtypes, name) for name in numpy.dtypes.__all__),
+]
 TRUST_REMOTE_CODE = False
 # Files that hold a tokenizer's vocabulary (one is enough; tokenizer_config.json alone is not).
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")

@@ -1,10 +1,12 @@
 """Exclusive locks on output paths, and the staging directories outputs are written in.
 
-Locks: ``filelock`` on ``.<name>.lock`` beside the real output (two spellings of a path share it). The lock
-file holds :data:`LOCK_RECORD`, so one that a killed writer left is recognisably ours: it is taken over and
-removed on release. Any other file at that name is the user's: refused, never written or removed. Removing
-it while held is safe because ``filelock`` drops a lock it took on a file no longer linked (a waiter that
-opened the old file retries on the new one). A forked worker does not hold its parent's locks (``filelock``
+Locks: ``filelock`` on ``.<name>.lock`` beside the real output (two spellings of a path share it), and on
+:data:`RUN_LOCK` in a run's root directory for the whole of ``fit``. The lock file holds :data:`LOCK_RECORD`
+and a line naming its holder (pid, host, since when), so one that a killed writer left is recognisably
+ours: it is taken over and removed on release; a live holder is named in the refusal. Any other file at
+that name is the user's: refused, never written or removed. Removing it while held is safe because
+``filelock`` drops a lock it took on a file no longer linked (a waiter that opened the old file retries on
+the new one). A forked worker does not hold its parent's locks (``filelock``
 closes their descriptors in the child), so a worker outliving its killed parent keeps nothing locked.
 
 Staging: an output is written in ``.<name>.staging-<token>/new`` beside its target (one filesystem: the
@@ -20,8 +22,10 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +36,7 @@ from mlm_adapt.errors import MLMAdaptError
 
 STAGING_MARKER = ".mlm_adapt-staging.json"
 LOCK_RECORD = b"mlm_adapt lock\n"
+RUN_LOCK = ".mlm_adapt-run.lock"
 _STAGING_FORMAT = "mlm_adapt staging"
 
 
@@ -45,22 +50,40 @@ def _is_foreign(path: Path) -> bool:
     born: filelock creates it, and the holder writes :data:`LOCK_RECORD` into it under the lock (``_mark``);
     one that vanishes while read was a holder's, removed at its release."""
     try:
-        return not stat.S_ISREG(os.lstat(path).st_mode) or path.read_bytes() not in (b"", LOCK_RECORD)
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return True
+        content = path.read_bytes()
     except FileNotFoundError:
         return False
+    return content != b"" and not content.startswith(LOCK_RECORD)
 
 
 def _mark(fd: int) -> None:
+    since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    holder = f"pid {os.getpid()} on {socket.gethostname()}, since {since}\n".encode()
     os.ftruncate(fd, 0)
-    os.pwrite(fd, LOCK_RECORD, 0)
+    os.pwrite(fd, LOCK_RECORD + holder, 0)
+
+
+def _holder(path: Path) -> str:
+    """`` (pid 4242 on node1, since …)``: who holds the lock at ``path``, as it wrote; empty if unknown."""
+    try:
+        content = path.read_bytes()
+    except OSError:
+        return ""
+    holder = content.removeprefix(LOCK_RECORD).decode("utf-8", "replace").strip()
+    return f" ({holder})" if content.startswith(LOCK_RECORD) and holder else ""
 
 
 @contextlib.contextmanager
-def locked(target: Path, key: str, shown: str, wait: bool = False) -> Iterator[None]:
+def locked(
+    target: Path, key: str, shown: str, wait: bool = False, lock_file: Path | None = None
+) -> Iterator[None]:
     """Holds the exclusive lock of ``target`` (whose parent must exist) for the ``with`` block, or refuses
-    in one line; with ``wait``, waits for the holder instead (one line says so), e.g. the node filling a
-    shared cache. Re-entrant within a process."""
-    path = lock_path(target)
+    in one line naming the holder; with ``wait``, waits for the holder instead (one line says so), e.g. the
+    node filling a shared cache. Re-entrant within a process. ``lock_file``: another lock file than
+    ``.<name>.lock`` beside ``target``."""
+    path = lock_file or lock_path(target)
     if _is_foreign(path):
         raise MLMAdaptError(
             f"{key}: {path} exists and is not an mlm_adapt lock file; move it away to write {shown}"
@@ -71,8 +94,8 @@ def locked(target: Path, key: str, shown: str, wait: bool = False) -> Iterator[N
     except Timeout:
         if not wait:
             raise MLMAdaptError(
-                f"{key}: {shown} is being written by another mlm_adapt process; wait for it to finish or "
-                "choose another directory"
+                f"{key}: {shown} is being written by another mlm_adapt process{_holder(path)}; wait for it "
+                "to finish or choose another directory"
             ) from None
         print(f"mlm_adapt: waiting for {shown} (another mlm_adapt process holds it)", flush=True)
         lock.acquire()
@@ -83,6 +106,14 @@ def locked(target: Path, key: str, shown: str, wait: bool = False) -> Iterator[N
             with contextlib.suppress(OSError):
                 os.unlink(path)
         lock.release()
+
+
+def run_root_locked(root: Path) -> contextlib.AbstractContextManager[None]:
+    """Holds :data:`RUN_LOCK` in the run root ``root`` (created if missing): one ``fit`` writes a run's
+    logger versions, checkpoints and config at a time. A killed holder's lock does not block (the kernel
+    drops it with the process)."""
+    root.mkdir(parents=True, exist_ok=True)
+    return locked(root, "trainer.default_root_dir", f"the run root {root}", lock_file=root / RUN_LOCK)
 
 
 @dataclass

@@ -81,7 +81,8 @@ def test_a_live_writers_lock_refuses_a_second_writer(output, ws: Workspace, caps
     assert_one_line(
         err,
         f"--output_dir: {output}",
-        "is being written by another mlm_adapt process; wait for it to finish or choose another directory",
+        "is being written by another mlm_adapt process (pid ",
+        "); wait for it to finish or choose another directory",
     )
     assert leftovers(ws.root.parent) == []
 

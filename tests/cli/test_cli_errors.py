@@ -53,7 +53,8 @@ def test_missing_local_model_path_does_not_talk_about_the_hub(tmp_path, capsys):
 @pytest.mark.parametrize("command", ["preview", "fit"])  # the tokenizer's and the model's loading
 def test_missing_local_model_path_in_fit(command, data_args, tmp_path, capsys):
     missing = f"./{tmp_path.name}-missing/model"
-    message = fails_with([command, *data_args(f"--model.model_name_or_path={missing}")], capsys)
+    root = [f"--trainer.default_root_dir={tmp_path}"] if command == "fit" else []  # its own run root
+    message = fails_with([command, *data_args(f"--model.model_name_or_path={missing}"), *root], capsys)
     assert "model.model_name_or_path" in message and "does not exist" in message
     assert "repo" not in message.lower() and "hub" not in message.lower()
 
@@ -80,6 +81,7 @@ def test_lightning_misconfiguration_is_one_line_traceback_under_debug(
     monkeypatch.setenv("MLM_ADAPT_DEBUG", "0")
     # A Lightning user error raised while building the Trainer (before any data is read).
     args = ["fit", *data_args(), "--trainer.accelerator=cpu", "--trainer.max_steps=1", "--trainer.devices=0"]
+    args.append(f"--trainer.default_root_dir={tmp_path}")
     message = fails_with(args, capsys)
     assert "devices" in message
     with pytest.raises(Exception) as raised:  # --debug: the original exception and its traceback
@@ -99,9 +101,11 @@ def test_lightning_misconfiguration_is_one_line_traceback_under_debug(
         ("--trainer.devices=-5", ["devices", "CPUAccelerator"]),  # TypeError, the CPU accelerator
     ],
 )
-def test_lightning_error_about_a_trainer_flag_is_one_line(flag, words, data_args, capsys, monkeypatch):
+def test_lightning_error_about_a_trainer_flag_is_one_line(
+    flag, words, data_args, tmp_path, capsys, monkeypatch
+):
     monkeypatch.setenv("MLM_ADAPT_DEBUG", "0")
-    args = ["fit", *data_args(), "--trainer.accelerator=cpu", flag]
+    args = ["fit", *data_args(), "--trainer.accelerator=cpu", flag, f"--trainer.default_root_dir={tmp_path}"]
     message = fails_with(args, capsys)  # raised by Lightning while it builds the Trainer
     assert message.startswith("mlm_adapt: error: trainer: ") and all(word in message for word in words)
 
@@ -124,14 +128,14 @@ def _the_tool_raises_value_error(*_args, **_kwargs):
     ids=["lightning", "mlm_adapt"],
 )
 def test_other_value_error_while_the_trainer_is_built_keeps_its_traceback(
-    raiser, match, data_args, monkeypatch
+    raiser, match, data_args, tmp_path, monkeypatch
 ):
     """Raised from code that Trainer.__init__ runs (where it logs the devices), outside Lightning's
     argument checks: a bug, not a bad flag."""
     monkeypatch.setenv("MLM_ADAPT_DEBUG", "0")
     monkeypatch.setattr("lightning.pytorch.trainer.setup._log_device_info", raiser)
     with pytest.raises(ValueError, match=match):
-        main(["fit", *data_args(), "--trainer.accelerator=cpu", "--trainer.max_steps=1"])
+        main(["fit", *data_args(), "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}"])
 
 
 @pytest.mark.slow

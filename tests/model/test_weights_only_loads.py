@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
+import numpy
 import pytest
 import torch
+from conftest import run_cli, tiny_fit_args
 from lightning.fabric.strategies.fsdp import _distributed_checkpoint_save
 from lightning.fabric.utilities.load import _METADATA_FILENAME
 
@@ -103,3 +106,67 @@ def test_crafted_sharded_meta_pt_is_refused(tmp_path):
     with pytest.raises(MLMAdaptError, match=r"refusing to load .*meta\.pt"):
         load_sharded(directory)
     assert not marker.exists()
+
+
+def test_numpy_values_load_weights_only_and_code_is_still_refused(tmp_path):
+    values = {
+        "scalar": numpy.float64(1.5),
+        "integer": numpy.int64(3),
+        "array": numpy.arange(6, dtype=numpy.float32).reshape(2, 3),
+        "text": numpy.str_("x"),
+        "record": numpy.zeros(2, dtype=[("a", "f4"), ("b", "i8")]),
+    }
+    torch.save({"state_dict": {}, "callbacks": {"C": values}}, tmp_path / "numpy.ckpt")
+    loaded = load_weights_only(tmp_path / "numpy.ckpt")["callbacks"]["C"]
+    for key, value in values.items():
+        assert type(loaded[key]) is type(value) and numpy.array_equal(loaded[key], value), key
+    marker = tmp_path / "pwned"
+    torch.save(
+        {"callbacks": {"C": numpy.array([CreatesMarker(marker)], dtype=object)}}, tmp_path / "evil.ckpt"
+    )
+    with pytest.raises(MLMAdaptError, match=r"it needs (builtins\.)?exec"):
+        load_weights_only(tmp_path / "evil.ckpt")
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_a_checkpoint_with_numpy_callback_state_resumes_and_exports(tiny_model_dir, corpus_file, tmp_path):
+    """A class-path callback keeping np.float64 and arrays: fit's checkpoint is read by its own resume and
+    export (both refused it: "it needs numpy._core.multiarray...")."""
+    state = (
+        "--trainer.callbacks+=tests.recorder.NumpyState",
+        f"--trainer.callbacks.out_file={tmp_path / 'state.json'}",
+    )
+    checkpoints = (
+        "--trainer.callbacks+=ModelCheckpoint",
+        f"--trainer.callbacks.dirpath={tmp_path / 'ckpt'}",
+        "--trainer.callbacks.save_last=true",
+    )
+    first = run_cli(
+        "fit",
+        *tiny_fit_args(tiny_model_dir, corpus_file, tmp_path, "--trainer.max_steps=2", *checkpoints, *state),
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = run_cli(
+        "fit",
+        *tiny_fit_args(
+            tiny_model_dir,
+            corpus_file,
+            tmp_path,
+            "--trainer.max_steps=3",
+            *checkpoints,
+            *state,
+            "--export.overwrite=true",
+            "--ckpt_path=last",
+        ),
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((tmp_path / "state.json").read_text(encoding="utf-8")) == {
+        "best": ["float64", 2.0],
+        "history": ["ndarray", [1.0, 2.0]],
+        "steps": ["int64", 2],
+    }
+    exported = run_cli(
+        "export", f"--ckpt_path={tmp_path / 'ckpt' / 'last.ckpt'}", f"--output_dir={tmp_path / 'x'}"
+    )
+    assert exported.returncode == 0, exported.stderr[-3000:]
