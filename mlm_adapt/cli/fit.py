@@ -196,7 +196,7 @@ class MLMAdaptCLI(LightningCLI):
         if not ckpt_path or ckpt_path in ("best", "hpc"):
             return None
         saved = checkpoint_metadata(ckpt_path)  # also refuses a crafted file before Lightning reads it
-        current = run_settings(self.model.hparams, self.datamodule.hparams, optimizer)
+        current = run_settings(self.model.hparams, self.datamodule.hparams, optimizer, config.seed_everything)
         check_settings(ckpt_path, saved, current, settings)
         return saved
 
@@ -237,6 +237,7 @@ class MLMAdaptCLI(LightningCLI):
             self.trainer.callbacks.remove(match)
             self.trainer.callbacks.insert(0, match)  # its setup first: before any other callback writes
             match.optimizer = optimizer
+            match.seed_everything = self.config.fit.seed_everything
             match.expect(self.config.fit.ckpt_path, saved)  # the entries read here, not read again
         if saved is not None:
             attach_csv_logs(self.trainer.loggers)  # writes nothing; keeps Lightning from wiping metrics.csv

@@ -12,7 +12,9 @@ each worker reads its own share of the stream) cannot move between counts and ar
 Hashing the whole corpus would cost seconds per gigabyte at every start, so :func:`corpus_fingerprint` hashes
 the number of training blocks and :data:`SAMPLES` evenly spaced blocks: a different corpus, split, tokenizer
 or block length changes it, while moving or touching the files (unlike ``datasets``' cache fingerprint,
-which hashes paths and modification times) does not. A stream's fingerprint hashes its files' names and sizes.
+which hashes paths and modification times) does not. A stream's fingerprint hashes, file by file in order,
+its size and :data:`SAMPLES` evenly spaced pieces of its bytes (the whole file when it is small): the same
+lines in another order, or other text of the same size, change it; a renamed or moved file does not.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.files import expand_files
 
 SAMPLES = 64
+PIECE = 4096  # bytes of each sampled piece of a streamed file
 SNAPSHOT = "_snapshot"
 # Main-process entries shared by both layouts.
 _MAIN_KEYS = (
@@ -112,4 +115,18 @@ def corpus_fingerprint(datamodule: Any) -> str | None:
     if getattr(datamodule, "train_stream", None) is None or not files:
         return None
     paths = expand_files(files, "data.train_files")
-    return _digest({"files": [(os.path.basename(f), os.path.getsize(f)) for f in paths]})
+    return _digest({"files": [file_fingerprint(path) for path in paths]})
+
+
+def file_fingerprint(path: str) -> list[Any]:
+    """A file's size and the digest of :data:`SAMPLES` evenly spaced pieces of :data:`PIECE` bytes."""
+    size = os.path.getsize(path)
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as handle:
+        if size <= SAMPLES * PIECE:
+            digest.update(handle.read())
+        else:
+            for i in range(SAMPLES):
+                handle.seek(i * (size - PIECE) // (SAMPLES - 1))
+                digest.update(handle.read(PIECE))
+    return [size, digest.hexdigest()]

@@ -138,6 +138,16 @@ class ExactResume(L.Callback):
         as_saved_in_the_epoch(checkpoint)
 
     @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # The run's own seed: a number given again is the same (a change is refused, training/resume.py);
+        # `seed_everything: true` drew another one at this start.
+        self.seed = state_dict.get("seed", self.seed)
+
+    @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Puts the train loader at the checkpoint's position, in the checkpoint's epoch, before its first
         batch is drawn.

@@ -48,6 +48,18 @@ FIXED_SETTINGS: dict[tuple[str, str], str] = {
     ("data", "opencc"): "the words masked as a whole depend on it",
     ("data", "hmm"): "the words masked as a whole depend on it",
     ("data", "user_dict"): "the words masked as a whole depend on it",
+    # Which examples are drawn, in which order, and how they are masked.
+    ("data", "seed"): "the order the examples are drawn in and their masks depend on it",
+    ("data", "group_by_length"): "the order the examples are drawn in depends on it",
+    ("data", "streaming"): "the data loader position depends on it",
+    ("data", "shuffle_buffer_size"): "the order a streamed corpus is drawn in depends on it",
+    ("data", "masking"): "the masks of the examples depend on it",
+    ("data", "mlm_probability"): "the masks of the examples depend on it",
+    ("data", "mask_replace_prob"): "the masks of the examples depend on it",
+    ("data", "random_replace_prob"): "the masks of the examples depend on it",
+    ("data", "eval_mlm_probability"): "the validation masks (so the baseline it holds) depend on it",
+    # Given as a number only: `true` draws a new seed every start (the checkpoint's is then kept).
+    ("run", "seed_everything"): "the dropout of every step depends on it",
 }
 # What ``validate``/``test`` compare: the settings the checkpoint's weights and token ids depend on.
 WEIGHT_SETTINGS = (
@@ -62,17 +74,24 @@ RECORD_KEYS = (SETTINGS_KEY, CORPUS_KEY, WORLD_KEY)
 
 
 def run_settings(
-    model_hparams: Mapping[str, Any], data_hparams: Mapping[str, Any], optimizer: Any = None
+    model_hparams: Mapping[str, Any],
+    data_hparams: Mapping[str, Any],
+    optimizer: Any = None,
+    seed_everything: Any = None,
 ) -> dict[str, dict[str, Any]]:
-    """A run's :data:`FIXED_SETTINGS` as ``{"model": {...}, "data": {...}}`` (plain values, as checkpoints
-    keep them): the module's and the data module's hyper-parameters, and ``optimizer`` (its class path and
-    init args as the CLI's config holds them; ``None``: not known, not compared)."""
+    """A run's :data:`FIXED_SETTINGS` as ``{"model": {...}, "data": {...}, "run": {...}}`` (plain values, as
+    checkpoints keep them): the module's and the data module's hyper-parameters, ``optimizer`` (its class
+    path and init args as the CLI's config holds them) and ``seed_everything`` (the config's; recorded when
+    it is a number). ``None``: not known, not compared."""
     sections: dict[str, Mapping[str, Any]] = {"model": model_hparams, "data": data_hparams}
-    settings: dict[str, dict[str, Any]] = {"model": {}, "data": {}}
+    settings: dict[str, dict[str, Any]] = {"model": {}, "data": {}, "run": {}}
     for section, key in FIXED_SETTINGS:
-        if key == "optimizer" and section == "model":
+        if (section, key) == ("model", "optimizer"):
             if optimizer is not None:
                 settings["model"][key] = optimizer
+        elif section == "run":
+            if isinstance(seed_everything, int) and not isinstance(seed_everything, bool):
+                settings["run"][key] = seed_everything
         elif key in sections[section]:
             settings[section][key] = sections[section][key]
     return settings
@@ -123,10 +142,8 @@ def resume_conflicts(
         old_section, new_section = saved.get(section), current.get(section)
         if old_section is None or new_section is None or key not in old_section or key not in new_section:
             continue
-        old, new = (
-            _flatten(f"{section}.{key}", old_section[key]),
-            _flatten(f"{section}.{key}", new_section[key]),
-        )
+        option = key if section == "run" else f"{section}.{key}"  # seed_everything: a top-level option
+        old, new = _flatten(option, old_section[key]), _flatten(option, new_section[key])
         for name in dict.fromkeys([*old, *new]):  # every leaf (optimizer arguments), in order
             if not _same(name, old.get(name), new.get(name)):
                 conflicts.append(f"{name}: {old.get(name)!r} -> {new.get(name)!r}")
@@ -172,10 +189,12 @@ class ResumeMatch(L.Callback):
     Args:
         optimizer: The optimizer's class path and init args, as the config holds them (``None``: not
             recorded, not compared).
+        seed_everything: The config's ``seed_everything`` (compared when a number).
     """
 
-    def __init__(self, optimizer: Any = None):
+    def __init__(self, optimizer: Any = None, seed_everything: Any = None):
         self.optimizer = optimizer
+        self.seed_everything = seed_everything
         self.settings: dict[str, dict[str, Any]] = {}
         self.corpus_fingerprint: str | None = None
         self.world_size = 1
@@ -197,7 +216,7 @@ class ResumeMatch(L.Callback):
         datamodule = getattr(trainer, "datamodule", None)
         model_hparams = dict(getattr(pl_module, "hparams", None) or {})
         data_hparams = dict(getattr(datamodule, "hparams", None) or {})
-        self.settings = run_settings(model_hparams, data_hparams, self.optimizer)
+        self.settings = run_settings(model_hparams, data_hparams, self.optimizer, self.seed_everything)
         if datamodule is not None:  # set up before the callbacks: its data is ready
             self.corpus_fingerprint = corpus_fingerprint(datamodule)
             self.streaming = getattr(datamodule, "train_stream", None) is not None

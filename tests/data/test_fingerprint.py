@@ -44,3 +44,35 @@ def test_resume_on_another_corpus_is_refused():
         MLMAdaptError, match=r"cannot resume .*training corpus: fingerprint aaaaaaaaaaaa -> bbbb"
     ):
         match.check(checkpoint("a" * 32))
+
+
+def stream_fingerprint(*paths) -> str:
+    """The fingerprint of a streamed corpus of ``paths`` (what the data module has after ``setup``)."""
+    from types import SimpleNamespace
+
+    return corpus_fingerprint(
+        SimpleNamespace(
+            train_dataset=None, train_stream=object(), hparams={"train_files": list(map(str, paths))}
+        )
+    )
+
+
+@pytest.mark.parametrize("lines", [600, 20_000], ids=["small_file_read_whole", "large_file_sampled"])
+def test_a_streamed_corpus_is_fingerprinted_by_its_content_not_its_names_and_sizes(
+    review_texts, tmp_path, lines
+):
+    texts = (review_texts * (lines // len(review_texts) + 1))[:lines]
+    texts = [f"{i:06d} {text}" for i, text in enumerate(texts)]  # distinct lines: a shuffle moves bytes
+    corpus = tmp_path / "a" / "reviews.txt"
+    corpus.parent.mkdir()
+    corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    original = stream_fingerprint(corpus)
+    renamed = tmp_path / "b" / "renamed.txt"
+    renamed.parent.mkdir()
+    shutil.copy(corpus, renamed)
+    assert stream_fingerprint(renamed) == original  # moved and renamed: the same text
+    reshuffled = tmp_path / "c" / "reviews.txt"  # the same name, the same size, the lines in another order
+    reshuffled.parent.mkdir()
+    reshuffled.write_text("\n".join(texts[1::2] + texts[::2]) + "\n", encoding="utf-8")
+    assert reshuffled.stat().st_size == corpus.stat().st_size
+    assert stream_fingerprint(reshuffled) != original

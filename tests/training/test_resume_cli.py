@@ -84,3 +84,60 @@ def test_ckpt_path_last_resumes_the_run_across_logger_versions(
     assert len(val_steps) == 4 and val_steps == sorted(set(val_steps))
     card = (root / "export" / "README.md").read_text(encoding="utf-8")
     assert f"| val/loss | {saved['mlm_adapt_baseline_metrics']['val/loss']:.4f} |" in card
+
+
+@pytest.mark.parametrize(
+    ("flag", "conflict"),
+    [
+        ("--data.seed=7", "data.seed: 42 -> 7"),
+        ("--data.masking=token", "data.masking: 'whole_word' -> 'token'"),
+        ("--data.mlm_probability=0.3", "data.mlm_probability: 0.15 -> 0.3"),
+        ("--seed_everything=7", "seed_everything: 42 -> 7"),
+    ],
+)
+def test_a_resume_that_would_draw_or_mask_other_examples_is_refused(
+    trained_run, tiny_model_dir, tmp_path, monkeypatch, capsys, flag, conflict
+):
+    """Before, each was accepted: data.seed pointed the saved position into another permutation (already
+    trained rows drawn again), data.masking made the card say the run used token masking."""
+    last = trained_run / "checkpoints" / "last.ckpt"
+    args = tiny_fit_args(tiny_model_dir, trained_run / "reviews.txt", tmp_path, "--trainer.max_steps=8")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as refused:
+        main(["fit", *args, f"--ckpt_path={last}", flag])
+    assert refused.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1] == (
+        f"mlm_adapt: error: ckpt_path: cannot resume {last} with changed settings ({conflict}); they are "
+        "fixed by the checkpoint: drop the changed flags to resume, or start a new run from an export "
+        "(model.model_name_or_path=EXPORT_DIR) to train with them"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written (the run lock removed)
+
+
+@pytest.mark.slow
+def test_a_streamed_corpus_reshuffled_under_the_same_name_and_size_is_refused(
+    tiny_model_dir, review_texts, tmp_path
+):
+    corpus = tmp_path / "corpus" / "reviews.txt"
+    corpus.parent.mkdir()
+    texts = [f"{i:04d} {text}" for i, text in enumerate(review_texts)]
+    corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    root = tmp_path / "run"
+    streamed = ("--data.streaming=true", "--data.packing=false", "--trainer.limit_val_batches=1")
+    checkpoint = ("--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.dirpath={root / 'ckpt'}")
+    checkpoint += ("--trainer.callbacks.save_last=true",)
+
+    def fit(*extra: str):
+        return run_cli("fit", *tiny_fit_args(tiny_model_dir, corpus, root, *streamed, *checkpoint, *extra))
+
+    first = fit("--trainer.max_steps=2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    size = corpus.stat().st_size
+    corpus.write_text("\n".join(texts[1::2] + texts[::2]) + "\n", encoding="utf-8")
+    assert corpus.stat().st_size == size
+    refused = fit("--trainer.max_steps=4", "--ckpt_path=last", "--export.overwrite=true")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    line = refused.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"mlm_adapt: error: ckpt_path: cannot resume {root / 'ckpt' / 'last.ckpt'} with ")
+    assert "(training corpus: fingerprint " in line, line

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.training.exact_resume import ExactResume
 from mlm_adapt.training.resume import (
     CORPUS_KEY,
     SETTINGS_KEY,
@@ -20,9 +21,11 @@ MODEL = {"model_name_or_path": "tiny-bert", "max_seq_length": 64, "learning_rate
 DATA = {"tokenizer_name_or_path": "tiny-bert", "batch_size": 8, "segmenter": "rjieba", "num_workers": 2}
 
 
-def match_for(optimizer=ADAMW, fingerprint="f" * 32, world_size=1, streaming=False) -> ResumeMatch:
-    match = ResumeMatch(optimizer=optimizer)
-    match.settings = run_settings(MODEL, DATA, optimizer)
+def match_for(
+    optimizer=ADAMW, fingerprint="f" * 32, world_size=1, streaming=False, data=None, seed_everything=None
+) -> ResumeMatch:
+    match = ResumeMatch(optimizer=optimizer, seed_everything=seed_everything)
+    match.settings = run_settings(MODEL, {**DATA, **(data or {})}, optimizer, seed_everything)
     match.corpus_fingerprint, match.world_size, match.streaming = fingerprint, world_size, streaming
     return match
 
@@ -37,6 +40,7 @@ def test_the_record_holds_only_the_fixed_settings_with_the_optimizer():
     assert record[SETTINGS_KEY] == {
         "model": {"model_name_or_path": "tiny-bert", "max_seq_length": 64, "optimizer": ADAMW},
         "data": {"tokenizer_name_or_path": "tiny-bert", "batch_size": 8, "segmenter": "rjieba"},
+        "run": {},
     }
     assert record[CORPUS_KEY] == "f" * 32 and record[WORLD_KEY] == 1
 
@@ -69,3 +73,46 @@ def test_a_checkpoint_the_cli_did_not_name_is_checked_when_it_is_restored():
     match_for().on_load_checkpoint(trainer, None, saved)
     validating = SimpleNamespace(state=SimpleNamespace(fn="validate"), ckpt_path="x.ckpt", loggers=[])
     match_for(fingerprint="a" * 32).on_load_checkpoint(validating, None, saved)  # weights only: not a resume
+
+
+# Each setting that changes which examples are drawn, in which order, or how they are masked: (saved, new).
+DRAW_AND_MASK = {
+    "data.seed": (42, 7),
+    "data.group_by_length": (True, False),
+    "data.streaming": (False, True),
+    "data.shuffle_buffer_size": (10_000, 500),
+    "data.masking": ("whole_word", "token"),
+    "data.mlm_probability": ([[0.0, 0.3], [1.0, 0.15]], 0.15),
+    "data.mask_replace_prob": (0.8, 1.0),
+    "data.random_replace_prob": (0.1, 0.0),
+    "data.eval_mlm_probability": (0.15, 0.3),
+}
+
+
+@pytest.mark.parametrize("option", list(DRAW_AND_MASK))
+def test_a_changed_draw_or_masking_setting_is_refused_naming_both_values(option):
+    key = option.removeprefix("data.")
+    old, new = DRAW_AND_MASK[option]
+    saved = checkpoint_of(match_for(data={key: old}))
+    match_for(data={key: old}).check(saved)
+    with pytest.raises(MLMAdaptError) as refused:
+        match_for(data={key: new}).check(saved, "last.ckpt")
+    assert f"{option}: {old!r} -> {new!r}" in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("seed", [True, None, False])
+def test_seed_everything_is_compared_when_it_is_a_number(seed):
+    saved = checkpoint_of(match_for(seed_everything=42))
+    with pytest.raises(MLMAdaptError, match=r"\(seed_everything: 42 -> 7\)"):
+        match_for(seed_everything=7).check(saved)
+    match_for(seed_everything=42).check(saved)
+    match_for(seed_everything=seed).check(
+        saved
+    )  # `true` draws a seed each start: ExactResume keeps the run's
+
+
+def test_exact_resume_keeps_the_checkpoints_seed():
+    saved = ExactResume(seed=1234).state_dict()
+    resumed = ExactResume(seed=99)  # seed_everything: true drew another at this start
+    resumed.load_state_dict(saved)
+    assert resumed.seed == 1234
