@@ -182,3 +182,55 @@ def test_a_two_node_job_resubmitted_on_one_node_continues_the_global_example_ord
     print(f"2 nodes -> 1 node at step {resumed_at}: {len(got)} examples in the uninterrupted job's order")
     assert {epoch for epoch, _ in got} == {0}
     assert got == expected[: len(got)]
+
+
+SHORT, LONGER, REQUEUE_AT = 24, 48, 36
+
+
+def test_a_finished_job_trained_longer_and_requeued_continues_as_one_longer_job(
+    slurm_cluster, tmp_path, tiny_model_dir, inputs
+):
+    """The same job submitted again with a larger max_steps (train.sbatch passes --ckpt_path last), requeued
+    once on the way: every step's batch and loss equal an uninterrupted job of the longer length. The first
+    job ends mid-epoch, its last.ckpt written by the validation at the end of fit."""
+    corpus, general = inputs
+
+    def submit_steps(directory: Path, steps: int) -> str:
+        directory.mkdir(parents=True, exist_ok=True)
+        args = case_args(tiny_model_dir, corpus, directory / "rec", general, "domain_yaml")
+        args += [f"--trainer.max_steps={steps}", "--trainer.val_check_interval=20"]
+        args += ["--model.lr_schedule=constant", "--model.warmup=0"]  # the same steps whatever max_steps
+        args += ["--export.overwrite=true"]  # the longer job replaces the shorter one's export
+        env = {"CONFIG": str(DOMAIN_CONFIG), "ROOT": "runs/extended"}
+        return slurm_cluster.sbatch(*CPU_JOB, str(TRAIN_SBATCH), *args, cwd=directory, env=env)
+
+    straight = tmp_path / "straight"
+    job_id = submit_steps(straight, LONGER)
+    assert slurm_cluster.wait(job_id, timeout=400)["JobState"] == "COMPLETED", job_log(straight, job_id)[
+        -4000:
+    ]
+
+    extended = tmp_path / "extended"
+    job_id = submit_steps(extended, SHORT)
+    assert slurm_cluster.wait(job_id, timeout=400)["JobState"] == "COMPLETED", job_log(extended, job_id)[
+        -4000:
+    ]
+    job_id = submit_steps(extended, LONGER)
+    wait_for(lambda: recorded_steps(extended / "rec" / "rank0.jsonl") >= REQUEUE_AT, 300, "36 training steps")
+    slurm_cluster.run("scancel", "--signal=USR1", job_id)
+    record = slurm_cluster.wait(job_id, timeout=400)
+    log = job_log(extended, job_id)
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", log[-4000:]
+    assert "requeued Slurm job" in log and "resuming" in log
+
+    for rank in (0, 1):
+        expected, got = (read_records(d / "rec", rank, "loss") for d in (straight, extended))
+        assert [r["step"] for r in got] == [r["step"] for r in expected] == list(range(LONGER))
+        worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(got, expected, strict=True))
+        print(f"extended {SHORT} -> {LONGER} steps, requeued: rank {rank}: max |loss difference| {worst:.3g}")
+        assert worst <= 1e-6, f"rank {rank}: max |loss difference| {worst:.3g}"
+        key = ("step", "epoch", "batch_idx", "ids", "digest")
+        batches = [
+            [{k: r.get(k) for k in key} for r in read_records(d / "rec", rank)] for d in (straight, extended)
+        ]
+        assert batches[1] == batches[0]
