@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 from importlib.resources import files
+from multiprocessing.util import Finalize
 from pathlib import Path
 
 import pytest
@@ -61,9 +62,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """The run's temp directory goes with the process that made it (the controller, after its workers)."""
+    """The run's temp directory goes with the process that made it (the controller, after its workers), at
+    its exit: after multiprocessing removes its own ``pymp-*`` directory in it (an exit finalizer of
+    priority -100), which, removed before, prints a ``FileNotFoundError`` traceback."""
     if _OWNS_TEMP_ROOT:
-        shutil.rmtree(os.environ[TEMP_ROOT_ENV], ignore_errors=True)
+        root = os.environ[TEMP_ROOT_ENV]
+        Finalize(None, shutil.rmtree, args=(root,), kwargs={"ignore_errors": True}, exitpriority=-200)
 
 
 @pytest.fixture(scope="session", autouse=True)
