@@ -6,8 +6,8 @@ and a line naming its holder (pid, host, since when), so one that a killed write
 ours: it is taken over and removed on release; a live holder is named in the refusal. Any other file at
 that name is the user's: refused, never written or removed. Removing it while held is safe because
 ``filelock`` drops a lock it took on a file no longer linked (a waiter that opened the old file retries on
-the new one). A forked worker does not hold its parent's locks (``filelock``
-closes their descriptors in the child), so a worker outliving its killed parent keeps nothing locked.
+the new one). A forked worker does not hold its parent's locks (``filelock`` closes their descriptors in
+the child), so a worker outliving its killed parent keeps nothing locked.
 
 Staging: an output is written in ``.<name>.staging-<token>/new`` beside its target (one filesystem: the
 publishing rename is atomic); a directory output being replaced waits in ``old``. The marker

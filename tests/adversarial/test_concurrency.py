@@ -11,13 +11,13 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from _output_workspace import Workspace, assert_one_line, leftovers, run, tree_hashes, world, ws
 from conftest import REPO
+from lock_holder import held_lock
 
 from mlm_adapt.export import writer
 from mlm_adapt.guard.locks import LOCK_RECORD, STAGING_MARKER, Staging, create_staging
@@ -26,14 +26,6 @@ from mlm_adapt.guard.outputs import MARKER, Output, is_complete_export, write_di
 __all__ = ["world", "ws"]
 
 EXPORT = ["export", "--ckpt_path=./run/last.ckpt"]
-HOLDER = """
-import sys
-from pathlib import Path
-from mlm_adapt.guard.locks import locked
-with locked(Path(sys.argv[1]), "holder", sys.argv[1]):
-    print("locked", flush=True)
-    sys.stdin.read()  # held until the test closes stdin
-"""
 # One of several processes filling one shared cache: each takes the lock ROUNDS times, waiting for the others,
 # and records when it held it (CLOCK_MONOTONIC is one clock for every process of the machine).
 RACER = """
@@ -51,29 +43,10 @@ record.write_text("\\n".join(held), encoding="utf-8")
 """
 
 
-@contextmanager
-def held_lock(target: Path) -> Iterator[None]:
-    """Another live mlm_adapt process writing ``target``: it holds the output's lock for the block."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    owner = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(target)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert owner.stdout.readline().strip() == "locked"
-        yield
-    finally:
-        owner.stdin.close()
-        assert owner.wait(timeout=60) == 0
-
-
 @pytest.mark.parametrize("output", ["exp", "current"], ids=["same_path", "link_to_it"])
 def test_a_live_writers_lock_refuses_a_second_writer(output, ws: Workspace, capsys):
     (ws.root / "current").symlink_to("exp")  # another spelling of exp: the lock is on the real path
-    with held_lock(ws.exp):
+    with held_lock("locked", ws.exp, "holder", str(ws.exp)):
         before = tree_hashes(ws.root.parent)
         code, out, err = run([*EXPORT, f"--output_dir={output}", "--overwrite"], capsys)
         assert tree_hashes(ws.root.parent) == before

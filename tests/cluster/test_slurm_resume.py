@@ -86,23 +86,35 @@ def test_requeue_after_a_validation_continues_on_the_same_losses(
     assert record["JobState"] == "COMPLETED", job_log(straight, job_id)[-4000:]
 
     stopped = tmp_path / "stopped"
-    job_id = submit(slurm_cluster, stopped, tiny_model_dir, inputs, setting)
-    wait_for(lambda: recorded_steps(stopped / "rec" / "rank0.jsonl") >= SIGNAL_AT, 300, "46 training steps")
-    slurm_cluster.run("scancel", "--signal=USR1", job_id)
-    record = slurm_cluster.wait(job_id, timeout=400)
-    log = job_log(stopped, job_id)
+    requeue_once(
+        slurm_cluster, stopped, submit(slurm_cluster, stopped, tiny_model_dir, inputs, setting), SIGNAL_AT
+    )
+    assert_same_steps(straight, stopped, STEPS, setting)
+
+
+def requeue_once(cluster, directory: Path, job_id: str, at_step: int) -> None:
+    """Sends the job Slurm's pre-timeout signal once ``at_step`` steps are recorded; it must requeue once,
+    resume and complete."""
+    wait_for(lambda: recorded_steps(directory / "rec" / "rank0.jsonl") >= at_step, 300, f"{at_step} steps")
+    cluster.run("scancel", "--signal=USR1", job_id)
+    record = cluster.wait(job_id, timeout=400)
+    log = job_log(directory, job_id)
     assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", log[-4000:]
     assert "requeued Slurm job" in log and "resuming" in log
 
+
+def assert_same_steps(straight: Path, resumed: Path, steps: int, label: str) -> None:
+    """Both ranks of ``resumed`` trained the ``steps`` of ``straight``: the same batches (examples, masks,
+    replay rate) and losses within 1e-6."""
     for rank in (0, 1):
-        expected, got = (read_records(d / "rec", rank, "loss") for d in (straight, stopped))
-        assert [r["step"] for r in got] == [r["step"] for r in expected] == list(range(STEPS))
+        expected, got = (read_records(d / "rec", rank, "loss") for d in (straight, resumed))
+        assert [r["step"] for r in got] == [r["step"] for r in expected] == list(range(steps))
         worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(got, expected, strict=True))
-        print(f"{setting}: rank {rank}: max |loss difference| over {STEPS} steps: {worst:.3g}")
+        print(f"{label}: rank {rank}: max |loss difference| over {steps} steps: {worst:.3g}")
         assert worst <= 1e-6, f"rank {rank}: max |loss difference| {worst:.3g}"
-        key = ("step", "ids", "digest", "mix_rate")
+        key = ("step", "epoch", "batch_idx", "ids", "digest", "mix_rate")
         batches = [
-            [{k: r.get(k) for k in key} for r in read_records(d / "rec", rank)] for d in (straight, stopped)
+            [{k: r.get(k) for k in key} for r in read_records(d / "rec", rank)] for d in (straight, resumed)
         ]
         assert batches[1] == batches[0]
 
@@ -204,33 +216,10 @@ def test_a_finished_job_trained_longer_and_requeued_continues_as_one_longer_job(
         env = {"CONFIG": str(DOMAIN_CONFIG), "ROOT": "runs/extended"}
         return slurm_cluster.sbatch(*CPU_JOB, str(TRAIN_SBATCH), *args, cwd=directory, env=env)
 
-    straight = tmp_path / "straight"
-    job_id = submit_steps(straight, LONGER)
-    assert slurm_cluster.wait(job_id, timeout=400)["JobState"] == "COMPLETED", job_log(straight, job_id)[
-        -4000:
-    ]
-
-    extended = tmp_path / "extended"
-    job_id = submit_steps(extended, SHORT)
-    assert slurm_cluster.wait(job_id, timeout=400)["JobState"] == "COMPLETED", job_log(extended, job_id)[
-        -4000:
-    ]
-    job_id = submit_steps(extended, LONGER)
-    wait_for(lambda: recorded_steps(extended / "rec" / "rank0.jsonl") >= REQUEUE_AT, 300, "36 training steps")
-    slurm_cluster.run("scancel", "--signal=USR1", job_id)
-    record = slurm_cluster.wait(job_id, timeout=400)
-    log = job_log(extended, job_id)
-    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", log[-4000:]
-    assert "requeued Slurm job" in log and "resuming" in log
-
-    for rank in (0, 1):
-        expected, got = (read_records(d / "rec", rank, "loss") for d in (straight, extended))
-        assert [r["step"] for r in got] == [r["step"] for r in expected] == list(range(LONGER))
-        worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(got, expected, strict=True))
-        print(f"extended {SHORT} -> {LONGER} steps, requeued: rank {rank}: max |loss difference| {worst:.3g}")
-        assert worst <= 1e-6, f"rank {rank}: max |loss difference| {worst:.3g}"
-        key = ("step", "epoch", "batch_idx", "ids", "digest")
-        batches = [
-            [{k: r.get(k) for k in key} for r in read_records(d / "rec", rank)] for d in (straight, extended)
-        ]
-        assert batches[1] == batches[0]
+    straight, extended = tmp_path / "straight", tmp_path / "extended"
+    for directory, steps in ((straight, LONGER), (extended, SHORT)):
+        job_id = submit_steps(directory, steps)
+        state = slurm_cluster.wait(job_id, timeout=400)["JobState"]
+        assert state == "COMPLETED", job_log(directory, job_id)[-4000:]
+    requeue_once(slurm_cluster, extended, submit_steps(extended, LONGER), REQUEUE_AT)
+    assert_same_steps(straight, extended, LONGER, f"extended {SHORT} -> {LONGER} steps, requeued")

@@ -11,43 +11,23 @@ import time
 
 import pytest
 from conftest import REPO, run_cli, tiny_fit_args
+from lock_holder import held_lock
 
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.locks import LOCK_RECORD, RUN_LOCK, run_root_locked
 
-HOLDER = """
-import sys
-from pathlib import Path
-from mlm_adapt.guard.locks import run_root_locked
-with run_root_locked(Path(sys.argv[1])):
-    print("locked", flush=True)
-    sys.stdin.read()  # held until the test closes stdin
-"""
-
 
 def test_a_held_run_root_is_refused_naming_its_holder_and_freed_when_released(tmp_path):
     root = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(root)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with held_lock("run_root_locked", root) as holder:
         with pytest.raises(MLMAdaptError) as refused, run_root_locked(root):
             pass
         message = str(refused.value)
         assert message.startswith(
             f"trainer.default_root_dir: the run root {root} is being written by another mlm_adapt process "
-            f"(pid {holder.pid} on "
+            f"(pid {holder} on "
         ), message
         assert message.endswith("; wait for it to finish or choose another directory") and "\n" not in message
-    finally:
-        holder.stdin.close()
-        assert holder.wait(timeout=60) == 0
     with run_root_locked(root):  # released with its holder
         assert (root / RUN_LOCK).is_file()
     assert list(root.iterdir()) == []  # the lock file goes with the lock
