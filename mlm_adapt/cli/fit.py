@@ -225,9 +225,9 @@ class MLMAdaptCLI(LightningCLI):
         optimizer = self._optimizer_config()  # recorded in every checkpoint, for its resume
         saved = self._check_checkpoint(tuple(FIXED_SETTINGS), optimizer)
         if saved is not None:
-            config = self.config.fit
+            trainer = self.trainer
             finished = nothing_to_train(
-                config.ckpt_path, saved, config.trainer.max_steps, config.trainer.max_epochs
+                self.config.fit.ckpt_path, saved, trainer.max_steps, trainer.max_epochs
             )
             if finished is not None:
                 rank_zero_info(f"mlm_adapt fit: {finished}")

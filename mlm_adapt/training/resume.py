@@ -273,13 +273,12 @@ def epochs_trained(checkpoint: Mapping[str, Any]) -> int:
 def nothing_to_train(
     checkpoint_path: str | Path, checkpoint: Mapping[str, Any], max_steps: int, max_epochs: int | None
 ) -> str | None:
-    """The line that says a resume would train nothing, the checkpoint having reached the run's
-    ``trainer.max_steps`` (or ``max_epochs``), else ``None``. Lightning would restore it, train nothing and
-    the export would then be written again with an earlier validation's metrics as the run's result."""
+    """The line that says a resume would train nothing, the checkpoint having reached the trainer's
+    ``max_steps`` (or ``max_epochs``, as the Trainer resolved it; -1 or ``None``: no limit), else ``None``.
+    Lightning would restore it, train nothing and the export would then be written again with an earlier
+    validation's metrics as the run's result."""
     step = int(checkpoint.get("global_step", 0))
     epochs = epochs_trained(checkpoint)
-    if max_steps == -1 and max_epochs is None:
-        max_epochs = 1000  # Lightning's default when neither is given
     if max_steps != -1 and step >= max_steps:
         trained = f"{step} steps, reaching trainer.max_steps {max_steps}"
     elif max_epochs is not None and max_epochs != -1 and epochs >= max_epochs:
