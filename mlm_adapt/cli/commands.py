@@ -10,7 +10,9 @@ commands to build LightningCLI's parser), so ``--help`` and a refused option ans
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import locale
 import logging
 import os
 import signal
@@ -326,9 +328,25 @@ def _no_tips(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("💡")
 
 
+def read_files_as_utf8() -> None:
+    """Files opened without an encoding (a ``--config`` read by jsonargparse, any library's text file) are
+    read as UTF-8 whatever the locale: configs and corpora are UTF-8, a ``zh_CN.GBK`` or ``C`` locale is not.
+
+    ``open`` takes its default encoding from ``LC_CTYPE`` when it is called (outside Python's UTF-8 mode),
+    so setting ``LC_CTYPE`` here covers every later open; the terminal's output encoding is left as it is.
+    """
+    if sys.flags.utf8_mode or locale.getpreferredencoding(False).lower().replace("-", "") == "utf8":
+        return
+    for name in ("C.UTF-8", "C.utf8", "en_US.UTF-8"):
+        with contextlib.suppress(locale.Error):
+            locale.setlocale(locale.LC_CTYPE, name)
+            return
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``python -m mlm_adapt`` and the ``mlm-adapt`` script."""
     silence_third_party_noise()
+    read_files_as_utf8()
     from_argv = args is None
     args = list(sys.argv[1:] if args is None else args)
     if "--debug" in args:

@@ -86,12 +86,14 @@ def part_name(index: int, count: int) -> str:
 
 
 def _parts(directory: Path) -> dict[int, tuple[int, Path]]:
-    """The part directories in ``directory``: index -> (count, path)."""
+    """The part directories in ``directory``: index -> (count, path); a name no prepare writes (index not
+    below count, as ``part-00000-of-00000``) is not a part."""
     found = {}
     for child in directory.iterdir() if directory.is_dir() else ():
         match = _PART_NAME.match(child.name)
-        if match and child.is_dir() and not child.is_symlink():
-            found[int(match.group(1))] = (int(match.group(2)), child)
+        index, count = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+        if index < count and child.is_dir() and not child.is_symlink():
+            found[index] = (count, child)
     return found
 
 
@@ -158,7 +160,6 @@ def prepare_corpus(
         if (target / MANIFEST).is_file():  # a part an earlier run published
             earlier = checked_manifest(target, settings)
             check_part(target, earlier, *shard)
-    target.parent.mkdir(parents=True, exist_ok=True)
     if earlier is None:
         _check_target(target)
     # A stale part (its proof, the manifest, checked above) is replaced only once the new one is complete.

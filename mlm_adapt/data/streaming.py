@@ -22,7 +22,7 @@ from datasets.distributed import split_dataset_by_node
 from mlm_adapt.data.preprocess import is_non_empty
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.corpus import builder_options, file_error, text_only
-from mlm_adapt.text.files import BUILDERS, expand_files
+from mlm_adapt.text.files import BUILDERS, data_files, expand_files
 
 
 def is_held_out(text: str, fraction: float, seed: int) -> bool:
@@ -57,7 +57,7 @@ def open_stream(hp: Any) -> tuple[datasets.IterableDataset, list[str]]:
     try:
         builder = builders.pop()
         stream = datasets.load_dataset(
-            builder, data_files=files, split="train", streaming=True, **builder_options(builder)
+            builder, data_files=data_files(files), split="train", streaming=True, **builder_options(builder)
         )
     except Exception as exc:
         raise MLMAdaptError(f"data.train_files: could not stream {', '.join(files)}: {exc}") from exc

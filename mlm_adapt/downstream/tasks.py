@@ -14,7 +14,7 @@ from mlm_adapt.downstream.types import TaskType, task_type
 from mlm_adapt.downstream.types.base import DownstreamTask, TaskSplit, task_key
 from mlm_adapt.errors import MLMAdaptError, exception_line, user_code
 from mlm_adapt.text.corpus import empty_file_error, encoding_error
-from mlm_adapt.text.files import BUILDERS, expand_files
+from mlm_adapt.text.files import BUILDERS, data_files, expand_files
 
 # Task names become metric names (downstream/<name>/f1), log lines and model-card table cells.
 TASK_NAME = re.compile(r"[\w.\-]{1,64}")
@@ -80,7 +80,9 @@ def load_table(
             if error is not None:
                 raise error
         try:
-            part = datasets.load_dataset(builder, data_files=group, split="train", cache_dir=cache_dir)
+            part = datasets.load_dataset(
+                builder, data_files=data_files(group), split="train", cache_dir=cache_dir
+            )
         except Exception as exc:
             raise MLMAdaptError(
                 f"{files_key}: could not read {', '.join(group)} as {builder}: {exception_line(exc)}"

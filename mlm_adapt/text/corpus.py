@@ -9,7 +9,7 @@ from pathlib import Path
 import datasets
 
 from mlm_adapt.errors import MLMAdaptError, exception_line
-from mlm_adapt.text.files import BUILDERS
+from mlm_adapt.text.files import BUILDERS, data_files
 
 
 def encoding_error(path: str, key: str) -> MLMAdaptError | None:
@@ -120,7 +120,11 @@ def _load_one_builder(builder: str, files: list[str], key: str, text_column: str
         raise empty
     try:
         dataset = datasets.load_dataset(
-            builder, data_files=files, split="train", cache_dir=cache_dir, **builder_options(builder)
+            builder,
+            data_files=data_files(files),
+            split="train",
+            cache_dir=cache_dir,
+            **builder_options(builder),
         )
     except Exception as exc:  # datasets wraps decode and parse errors in its own generation errors
         error = file_error(files, key)

@@ -21,16 +21,18 @@ BUILDERS = {
 
 def expand_files(patterns: list[str] | str, key: str) -> list[str]:
     """Expands paths and globs (``patterns``, from the config key ``key``) in order, failing on any that
-    matches nothing."""
+    matches nothing. A file that exists is that file, even if its name reads as a glob
+    (``reviews[2023].txt``)."""
     if isinstance(patterns, str):
         patterns = [patterns]
     files: list[str] = []
     for pattern in patterns:
-        if Path(pattern).expanduser().is_dir():
+        path = Path(pattern).expanduser()
+        if path.is_dir():
             raise MLMAdaptError(
                 f"{key}: {pattern} is a directory; give its files or a glob, e.g. {Path(pattern) / '*.txt'}"
             )
-        matches = sorted(glob.glob(str(Path(pattern).expanduser()), recursive=True))
+        matches = [str(path)] if path.is_file() else sorted(glob.glob(str(path), recursive=True))
         if matches and not any(Path(m).is_file() for m in matches):
             raise MLMAdaptError(f"{key}: {pattern!r} matches only directories; give a glob of files")
         matches = [m for m in matches if Path(m).is_file()]
@@ -43,3 +45,9 @@ def expand_files(patterns: list[str] | str, key: str) -> list[str]:
                 )
         files.extend(m for m in matches if m not in files)
     return files
+
+
+def data_files(files: list[str]) -> list[str]:
+    """``files`` (expanded paths) as ``datasets.load_dataset``'s ``data_files``, which it reads as globs:
+    escaped, so that ``reviews[2023].txt`` is that file and not ``reviews2.txt``."""
+    return [glob.escape(file) for file in files]

@@ -40,7 +40,8 @@ class Workspace:
 
 
 def tree_hashes(path: Path) -> dict[str, str]:
-    """sha256 of every file under ``path`` (links as their target text), by relative path; one file too."""
+    """sha256 of every file under ``path`` (links as their target text) and every directory (``dir``), by
+    relative path; one file too."""
     if not os.path.lexists(path):
         return {}
     if path.is_symlink():
@@ -49,6 +50,7 @@ def tree_hashes(path: Path) -> dict[str, str]:
         return {".": hashlib.sha256(path.read_bytes()).hexdigest()}
     found = {}
     for root, dirs, files in os.walk(path):
+        found.update({str((Path(root) / d).relative_to(path)): "dir" for d in dirs})
         for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
             item = Path(root) / name
             rel = str(item.relative_to(path))

@@ -43,6 +43,7 @@ VOCAB = [
     "--top_k=5",
 ]
 PLOT = ["plot", "./logs"]
+PREPARE = ["prepare", "--model.model_name_or_path=./base", "--data.train_files=[./corpus/corpus.txt]"]
 
 
 def _mount_point(name: str) -> Callable[..., None]:
@@ -139,6 +140,17 @@ REFUSALS = [
         [*VOCAB, "--output_tokens=somedir"],
         ("somedir is a directory; give a file path",),
         setup=lambda ws, mp: (ws.root / "somedir").mkdir(),
+    ),
+    # prepare: the directories it would write in are not made before the refusal
+    Refusal(
+        "prepare_inside_base_model",
+        [*PREPARE, "--data.prepared_dir=base/prepared/reviews"],
+        ("data.prepared_dir: ", "base/prepared/reviews lies inside the input ./base"),
+    ),
+    Refusal(
+        "prepare_shard_inside_base_model",
+        [*PREPARE, "--data.prepared_dir=base/new/prepared", "--shard=0/2"],
+        ("data.prepared_dir:", "base/new/prepared", "lies inside the input ./base"),
     ),
     # plot
     Refusal(

@@ -159,3 +159,12 @@ def test_a_task_whose_corpus_changed_prepares_its_part_again(tiny_model_dir, cor
     whole = tmp_path / "whole"
     _prepare(tiny_model_dir, corpus, tmp_path / "w", whole, train_files=files)
     assert _splits(tiny_model_dir, target, tmp_path) == _splits(tiny_model_dir, whole, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["part-00000-of-00000", "part-00003-of-00002"])
+def test_a_directory_named_as_no_part_is_not_a_part(tiny_model_dir, tmp_path, name):
+    """``part-00000-of-00000`` (no prepare writes it) ended in ``max() arg is an empty sequence``."""
+    target = tmp_path / "prepared"
+    (target / name).mkdir(parents=True)
+    with pytest.raises(MLMAdaptError, match=f"data.prepared_dir: {target}"):
+        _splits(tiny_model_dir, target, tmp_path)
