@@ -7,11 +7,14 @@ import contextlib
 import os
 import re
 import time
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
 from jsonargparse._actions import print_config_skip  # the flag jsonargparse prints under
+from jsonargparse._link_arguments import ActionLink
+from jsonargparse._typehints import sub_defaults
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, DeviceStatsMonitor, LearningRateMonitor, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -43,6 +46,8 @@ from mlm_adapt.training.resume import (
 )
 
 _GIVEN = re.compile(r"Given value: (.*)")
+# Whether the parser is applying given values (:meth:`MLMAdaptArgumentParser._apply_actions`).
+_GIVEN_VALUES: ContextVar[bool] = ContextVar("mlm_adapt_given_values", default=False)
 # jsonargparse's reason for a class_path it cannot use, and the class path when the value was a mapping (the
 # given value is the path otherwise).
 _CLASS_PATH = re.compile(
@@ -84,6 +89,27 @@ class MLMAdaptArgumentParser(LightningArgumentParser):
             super().error(message, ex)
         # Raised whatever the parser's exit_on_error, for the CLI's one error boundary.
         raise MLMAdaptError(line)
+
+    @override
+    def _apply_actions(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        # What a config or flag gives goes through here (a config file, ``fit:`` in a root config, an inline
+        # ``--data '{...}'``); jsonargparse drops a link target given so (``data: {forgetting: ...}``) without
+        # a word, though it refuses the same key as a flag: refused here, naming the key to give instead. Not
+        # while it adds defaults to a parsed config, which holds what the links filled in.
+        token = _GIVEN_VALUES.set(not sub_defaults.get())
+        try:
+            return super()._apply_actions(cfg, *args, **kwargs)
+        finally:
+            _GIVEN_VALUES.reset(token)
+
+    @override
+    def _check_value_key(
+        self, action: argparse.Action, value: Any, key: str, *args: Any, **kwargs: Any
+    ) -> Any:
+        if isinstance(action, ActionLink) and value is not None and _GIVEN_VALUES.get():
+            source = ", ".join(name for name, _ in action.source)
+            raise MLMAdaptError(f"{key}: it is set from {source}; give {source} instead")
+        return super()._check_value_key(action, value, key, *args, **kwargs)
 
     @override
     def _parse_common(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:

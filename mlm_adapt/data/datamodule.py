@@ -123,6 +123,13 @@ def check_arguments(
             "forgetting.budget needs a general validation set to measure forgetting on: give "
             "data.validation_files as a mapping, e.g. {domain: null, general: [general_val.txt]}"
         )
+    general = sets.names[1]
+    if sets.files[general] is None:
+        raise MLMAdaptError(
+            f"forgetting.budget: the general validation set {sets.key(general)} is null, held out of the "
+            "training corpus: domain text, on which no forgetting shows; give it general-domain files, e.g. "
+            "{domain: null, general: [general_val.txt]}"
+        )
     if not mix.constant:
         raise MLMAdaptError(
             "data.mix_probability: with forgetting.budget it is the starting rate, one number (e.g. 0.1)"

@@ -35,8 +35,8 @@ class ForgettingOptions:
             perplexity this fraction above its step-0 value (e.g. ``0.2``).
         budget: Hold forgetting to this relative rise of the general validation set's perplexity over
             step 0 (``0.2``: +20%) by moving the mix rate (up to ``data.max_mix_rate``). Needs
-            ``data.mix_files`` and a general validation set (the second of ``data.validation_files`` as a
-            mapping).
+            ``data.mix_files`` and a general validation set: the second of ``data.validation_files`` as a
+            mapping, with files (a ``null`` set is held out of the corpus: domain text).
         check_interval: Optimizer steps between the budget's checks (default: a twentieth of the run); a
             check is a perplexity over ``check_batches`` batches of the general set.
         check_batches: Batches (of ``data.eval_batch_size``) per check.

@@ -81,6 +81,13 @@ class StopOnSignal(L.Callback):
     def __init__(self) -> None:
         self._previous: dict[int, Any] = {}
         self._step_at_batch_start = 0
+        # Lightning calls fit's stage TRAINING from the start, data preparation included: a stop there
+        # stopped no step, so the line must not name one.
+        self._fit_started = False
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fit_started = True  # prepare_data and setup (the corpus' preprocessing) are behind
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -109,7 +116,10 @@ class StopOnSignal(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
         # Ctrl-C (or a signal that raised) while training or validating inside fit: the step it stopped at.
-        in_steps = trainer.state.stage in (RunningStage.TRAINING, RunningStage.VALIDATING)
+        in_steps = self._fit_started and trainer.state.stage in (
+            RunningStage.TRAINING,
+            RunningStage.VALIDATING,
+        )
         if STOP.signum is not None and STOP.checkpoint is None and in_steps:
             STOP.step = trainer.global_step
 

@@ -23,6 +23,18 @@ class CreatesMarker:
         return exec, (f"open({self.path!r}, 'w').close()",)
 
 
+class SignalWhileSegmenting:
+    """A segmenter that sends ``signum`` to its process at its first batch: a stop while ``fit`` prepares the
+    corpus (data.preprocessing_num_workers 1: in the command's own process)."""
+
+    def __init__(self, signum: int = int(signal.SIGTERM)):
+        self.signum = signum
+
+    def segment(self, texts: list[str]) -> list[list[str]]:
+        os.kill(os.getpid(), self.signum)
+        return [list(text) for text in texts]
+
+
 class SendSignalAt(L.Callback):
     """Sends ``signum`` to this process at the end of training batch ``batch_idx`` (or at ``hook``).
 

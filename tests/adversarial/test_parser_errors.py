@@ -53,6 +53,22 @@ CASES = {
         "fast_dev_run",
         "validate",
     ),
+    # A key the parser fills in from another (a link target) was dropped without a word from a config.
+    "fit_config_linked_group": (
+        lambda t: ["fit", "--config", write(t, "c.yaml", "data:\n  forgetting:\n    warning: 0.3\n")],
+        "data.forgetting: it is set from forgetting; give forgetting instead",
+        None,
+    ),
+    "fit_config_linked_key_under_fit": (
+        lambda t: ["--config", write(t, "c.yaml", "fit:\n  data:\n    max_seq_length: 77\n"), "fit"],
+        "fit.data.max_seq_length: it is set from model.max_seq_length; give model.max_seq_length instead",
+        None,
+    ),
+    "fit_inline_group_linked_key": (
+        lambda t: ["fit", "--data", '{"tokenizer_name_or_path": "other"}'],
+        "data.tokenizer_name_or_path: it is set from model.model_name_or_path",
+        None,
+    ),
     "unknown_command": (lambda t: ["frobnicate"], "invalid choice", ""),
     "fill_mask_missing_arguments": (lambda t: ["fill-mask"], "required", "fill-mask"),
     "export_unknown_flag": (lambda t: ["export", "--bogus"], "unrecognized arguments", "export"),

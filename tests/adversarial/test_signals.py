@@ -74,6 +74,23 @@ def test_signal_during_fit(case, tiny_model_dir, corpus_file, tmp_path, capsys):
     assert not [p for p in checkpoint.parent.iterdir() if p.name.endswith(".tmp")]  # written atomically
 
 
+def test_a_stop_while_the_corpus_is_prepared_names_no_step(tiny_model_dir, corpus_file, tmp_path, capsys):
+    """SIGTERM while fit preprocessed said "at step 0; this stop wrote no checkpoint (SIGTERM writes one
+    first)": no step had run and nothing could have been written."""
+    segmenter = '--data.segmenter={"class_path": "_payloads_and_callbacks.SignalWhileSegmenting"}'
+    root = tmp_path / "run"
+    args = tiny_fit_args(tiny_model_dir, corpus_file, root, "--export.enabled=false", segmenter)
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *args])
+    assert stopped.value.code == 143
+    (line,) = error_lines(capsys.readouterr().err)
+    assert line == (
+        "mlm_adapt: error: fit stopped by SIGTERM outside the training steps; no checkpoint written by "
+        "this run"
+    )
+    assert not last_checkpoints(root)
+
+
 def test_a_stop_checkpoint_that_is_not_there_is_not_named(
     tiny_model_dir, corpus_file, tmp_path, capsys, monkeypatch
 ):

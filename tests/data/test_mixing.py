@@ -238,6 +238,10 @@ def test_budget_checks_log_rates_and_keep_state_in_the_datamodule(
     [
         ({"forgetting": {"budget": 0.2}}, "forgetting.budget needs general text to replay"),
         ({"forgetting": {"budget": 0.2}, "mix_files": ["g.txt"]}, "general validation set"),
+        # The general set held out of the training corpus is domain text: it shows no forgetting.
+        ({"forgetting": {"budget": 0.2}, "mix_files": ["g.txt"],
+          "validation_files": {"d": ["g.txt"], "g": None}},
+         r"forgetting.budget: the general validation set data.validation_files.g is null"),
         ({"forgetting": {"budget": 0.0}, "mix_files": ["g.txt"]}, "forgetting.budget=0.0 must be a finite"),
         ({"mix_probability": 0.2}, "needs data.mix_files"),
         ({"mix_probability": [[0.0, 0.1], [1.0, 0.3]], "forgetting": {"budget": 0.2}, "mix_files": ["g.txt"],
