@@ -153,19 +153,22 @@ def data_only_cli(command: str, args: list[str], options: Options) -> Any:
 
 def batch_examples(batch: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase) -> Iterator[dict]:
     """Splits a collated batch into JSON-ready examples: ``tokens`` readable (``是``, not ``æĺ¯``),
-    ``word_ids`` null on special and pad tokens."""
+    ``word_ids`` null on special and pad tokens; with replay, ``replayed`` (a general block)."""
     from mlm_adapt.text.tokenizer import piece_text  # noqa: PLC0415 - transformers: imported once preview runs
 
     for row in range(batch["input_ids"].shape[0]):
         input_ids = batch["input_ids"][row].tolist()
         word_ids = batch["word_ids"][row].tolist()
-        yield {
+        example = {
             "tokens": [piece_text(tokenizer, i) for i in input_ids],
             "input_ids": input_ids,
             "attention_mask": batch["attention_mask"][row].tolist(),
             "labels": batch["labels"][row].tolist(),
             "word_ids": [None if w < 0 else w for w in word_ids],
         }
+        if "replayed" in batch:
+            example["replayed"] = bool(batch["replayed"][row])
+        yield example
 
 
 def render_text(example: dict, tokenizer: PreTrainedTokenizerBase) -> str:
@@ -198,6 +201,8 @@ def render_text(example: dict, tokenizer: PreTrainedTokenizerBase) -> str:
     length = sum(example["attention_mask"])
     rate = n_masked / max(length - 2, 1)
     header = f"# {length} tokens, {n_masked} masked ({rate:.1%}) in {n_masked_words} words"
+    if example.get("replayed"):
+        header += "; replayed general block (data.mix_files)"
     return header + "\n" + " ".join(parts)
 
 
@@ -209,7 +214,10 @@ def preview_main(args: list[str]) -> None:
         raise MLMAdaptError(f"--num_examples={config.num_examples} must be at least 1")
     datamodule.setup("fit")
     tokenizer = datamodule.tokenizer
-    examples = (e for batch in datamodule.train_dataloader() for e in batch_examples(batch, tokenizer))
+    batches = iter(datamodule.train_dataloader())
+    if datamodule.replay is not None:  # general blocks replayed as training's first step draws them
+        batches = (datamodule.with_replay(batch, 0, 1) for batch in batches)
+    examples = (e for batch in batches for e in batch_examples(batch, tokenizer))
     for example in itertools.islice(examples, config.num_examples):
         if config.format == "json":
             print(json.dumps(example, ensure_ascii=False))

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
-from mlm_adapt.data.corpus_statistics import corpus_stats, describe_stats, split_counts
+from mlm_adapt.data.corpus_statistics import corpus_stats, describe_stats, refuse_unmaskable, split_counts
 from mlm_adapt.data.forgetting import ForgettingOptions, as_forgetting
 from mlm_adapt.data.loader_state import WorkerCountFreeLoader
 from mlm_adapt.data.prepared import load_prepared
@@ -416,6 +416,7 @@ class MLMDataModule(L.LightningDataModule):
         raw = self.documents()
         warn_overlap(raw, self.validation_sets, self.hparams.train_files, self.hparams.mix_files)
         blocks = self.blocks(raw)
+        self._check_maskable(blocks["train"])
         self.train_dataset = blocks["train"]
         self._set_eval_datasets(blocks)
         # Tokens and characters are summed for train only: the statistics name no other split's.
@@ -427,9 +428,21 @@ class MLMDataModule(L.LightningDataModule):
             + f" (max_seq_length {self.hparams.max_seq_length}, packing {self.hparams.packing})"
         )
 
+    def _check_maskable(self, train: datasets.Dataset) -> None:
+        hp = self.hparams
+        key = (
+            "data.prepared_dir"
+            if hp.prepared_dir
+            else "data.dataset_name"
+            if hp.dataset_name
+            else "data.train_files"
+        )
+        refuse_unmaskable(train, self.tokenizer, key, hp.tokenizer_name_or_path)
+
     def _setup_prepared(self) -> None:
         """``setup`` from ``prepared_dir``: memory-maps the shards after checking the manifest's settings."""
         blocks, manifest = load_prepared(self.hparams, self.tokenizer, self.validation_sets)
+        self._check_maskable(blocks["train"])
         self.train_dataset = blocks["train"]
         self._set_eval_datasets(blocks)
         self.corpus_stats = corpus_stats(manifest["splits"], manifest["validation_sets"])
@@ -518,7 +531,11 @@ class MLMDataModule(L.LightningDataModule):
         collated = isinstance(batch, dict) and "example_keys" in batch  # not e.g. the model summary's input
         if self.replay is None or trainer is None or not trainer.training or not collated:
             return batch
-        step, total = trainer.global_step, int(trainer.estimated_stepping_batches)
+        return self.with_replay(batch, trainer.global_step, int(trainer.estimated_stepping_batches))
+
+    def with_replay(self, batch: dict[str, torch.Tensor], step: int, total: int) -> dict[str, torch.Tensor]:
+        """A training batch as optimizer step ``step`` of ``total`` gets it: general blocks replayed into the
+        rows drawn at that step's rate (``replayed`` marks them)."""
         rate = self.replay.rate(step, total)
         schedule = self.masking_schedule
         mask_rate = None if schedule.constant else schedule.rate_at_step(step, total)
@@ -557,10 +574,11 @@ class MLMDataModule(L.LightningDataModule):
         rank_zero_info(line)
         return [*segments, [step, current]]
 
-    def replay_report(self) -> dict[str, Any]:
-        """:func:`~mlm_adapt.data.replay.replay_summary` of this run: its replay state and segments."""
+    def replay_report(self, until_step: int | None = None) -> dict[str, Any]:
+        """:func:`~mlm_adapt.data.replay.replay_summary` of this run: its replay state and segments, up to
+        the weights of ``until_step`` when given."""
         state = self.replay.state_dict() if self.replay is not None else None
-        return replay_summary(state, self.replay_segments)
+        return replay_summary(state, self.replay_segments, until_step)
 
     def _eval_batch_size(self) -> int:
         return self.hparams.eval_batch_size or self.hparams.batch_size  # never 0: refused in __init__

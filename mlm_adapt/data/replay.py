@@ -155,8 +155,11 @@ class Replay:
         mask_rate: float | None = None,
     ) -> dict[str, torch.Tensor]:
         """Replaces the drawn rows of a batch of the training collator ``collate`` with general blocks
-        (masked at the step's ``mask_rate`` when it is scheduled, as the domain rows); adds ``mix_rate``."""
+        (masked at the step's ``mask_rate`` when it is scheduled, as the domain rows); adds ``mix_rate`` and
+        ``replayed`` (which rows are general blocks)."""
         rows, indices = replayed_slots(batch["example_keys"], rate, len(self.general))
+        replayed = torch.zeros(batch["input_ids"].shape[0], dtype=torch.bool)
+        replayed[torch.from_numpy(rows)] = True
         if len(rows):
             slot_keys = key_array(batch["example_keys"])[rows].astype(np.int64)
             features = [
@@ -165,6 +168,7 @@ class Replay:
             ]
             batch = replace_rows(batch, rows, collate(features), pad_token_id)
         batch["mix_rate"] = torch.tensor(rate, dtype=torch.float32)
+        batch["replayed"] = replayed
         return batch
 
     def update(self, step: int, perplexity: float) -> tuple[float, float]:
@@ -284,19 +288,26 @@ def _budget_at(segments: Sequence[Sequence[Any]], step: int) -> float | None:
     return budget
 
 
-def replay_summary(state: dict | None, segments: Sequence[Sequence[Any]] | None = None) -> dict[str, Any]:
-    """What a run's replay did, from a :meth:`Replay.state_dict` and the run's ``segments``.
+def replay_summary(
+    state: dict | None, segments: Sequence[Sequence[Any]] | None = None, until_step: int | None = None
+) -> dict[str, Any]:
+    """What a run's replay did, from a :meth:`Replay.state_dict` and the run's ``segments``, up to the
+    weights of step ``until_step`` when given (the checks and segments after it are left out: an export of
+    an earlier step's weights reports what replay had done to those).
 
     ``segments`` (``[first_step, settings]`` of each stretch between resumes that changed a replay
     setting) when there is more than one; with checks of a budget also ``budget`` (that of the last check),
     ``baseline_step``, ``checks`` (how many ran after the baseline), ``last_check`` (its step),
     ``trajectory`` (``[step, rate, rise]`` where the rate changed, and the first and last),
     ``final_rate``, ``mean_rate``, ``last_rise`` and ``held`` (within the budget): the last two ``None``
-    when no check ran after the baseline (not measured). ``{}`` when there is nothing to report."""
+    when no check ran after the baseline (not measured); ``later_checks``: how many checks after
+    ``until_step`` were left out, if any. ``{}`` when there is nothing to report."""
     state = state or {}  # None: a run without replay
-    segments = [list(segment) for segment in segments or []]
+    last = math.inf if until_step is None else until_step
+    segments = [list(segment) for segment in segments or [] if segment[0] <= last]
     summary: dict[str, Any] = {"segments": segments} if len(segments) > 1 else {}
-    checks, baseline = state.get("checks") or [], state.get("baseline")
+    every_check, baseline = state.get("checks") or [], state.get("baseline")
+    checks = [c for c in every_check if c[0] <= last]
     budgets = [_budget_at(segments, int(check[0])) if segments else state.get("budget") for check in checks]
     budget = next((b for b in reversed(budgets) if b is not None), state.get("budget"))
     if not checks or not baseline or budget is None:
@@ -317,6 +328,7 @@ def replay_summary(state: dict | None, segments: Sequence[Sequence[Any]] | None 
         "mean_rate": sum(n * r for n, r in spans) / total if total else points[-1][1],
         "last_rise": points[-1][2] if measured else None,
         "held": points[-1][2] <= budget if measured else None,
+        **({"later_checks": len(every_check) - len(checks)} if len(checks) < len(every_check) else {}),
     }
 
 

@@ -349,7 +349,7 @@ class HFExport(ExportOptions, L.Callback):
             global_step=step,
             epoch=epoch,
             **self.card_fields(),
-            replay=replay() if replay is not None else {},
+            replay=replay(step) if replay is not None else {},
             merge=report.plain() if report is not None else {},
         )
         diff = write_export(model, tokenizer, self._output, info, verify=self.verify, progress=progress)

@@ -193,12 +193,23 @@ def _budget_lines(replay: dict[str, Any]) -> list[str]:
     after the baseline), and every rate change with the check that caused it."""
     budget, base, final = replay["budget"], replay["baseline_step"], replay["final_rate"]
     lines = ["", "## Forgetting budget", ""]
+    later = replay.get("later_checks")
+    if later:  # the exported weights are an earlier step's than the run's last checks
+        lines += [
+            f"These are the checks up to the exported weights' step; the run's {later} later check(s) "
+            "measured later weights and are left out.",
+            "",
+        ]
     if replay["held"] is None:
+        why = (
+            "the exported weights come before the first check"
+            if later
+            else "forgetting.check_interval was longer than the steps that followed"
+        )
         return lines + [
             f"General-text replay was to keep the general validation perplexity within +{budget:.0%} of step "
-            f"{base}, but no check ran after the baseline at step {base} (forgetting.check_interval was "
-            "longer than the steps that followed): forgetting was not measured, and the budget is neither "
-            f"held nor exceeded. Mix rate {final:g}."
+            f"{base}, but no check ran after the baseline at step {base} ({why}): forgetting was not "
+            f"measured, and the budget is neither held nor exceeded. Mix rate {final:g}."
         ]
     held = "held" if replay["held"] else "was exceeded"
     lines += [
@@ -298,6 +309,8 @@ def _validation_data(data: dict[str, Any]) -> str | None:
 def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     """The ``README.md`` model card: Hub metadata, before/after metrics, corpus, masking and training."""
     base = str(info.model_hparams.get("model_name_or_path", "unknown"))
+    # model.pretrained false: the base's architecture and tokenizer, none of its weights.
+    from_scratch = info.model_hparams.get("pretrained") is False
     data = info.data_hparams
     rate = data.get("mlm_probability")  # a rate or a schedule's points
     metadata = ModelCardData(
@@ -306,7 +319,8 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         library_name="transformers",
         pipeline_tag="fill-mask",
         tags=run_tags(info),
-        base_model=base if _is_hub_id(base) else None,  # the Hub only accepts repository ids here
+        # The Hub only accepts repository ids here, and a random init is no fine-tune of the base's weights.
+        base_model=base if _is_hub_id(base) and not from_scratch else None,
     )
     target = info.repo_id or title
     scheme, unit = SCHEME_DESCRIPTIONS.get(masking_scheme(data), ("masking", "unknown"))
@@ -320,14 +334,21 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
             "; `downstream/<task>/*` are labelled-task scores of the encoder (the `downstream:` section of "
             "the training configuration)"
         )
+    summary = (
+        f"`{base}` adapted to domain text by continued masked-language-model pretraining with {scheme} "
+        "(mlm_adapt, PyTorch Lightning)"
+        + (f", then merged back toward it (α = {info.merge['alpha']:.4g}: see below)." if info.merge else ".")
+    )
+    if from_scratch:
+        summary = (
+            f"A masked language model of `{base}`'s architecture and tokenizer, randomly initialized (none "
+            f"of its weights) and pretrained from scratch on domain text with {scheme} (mlm_adapt, PyTorch "
+            "Lightning)."
+        )
     lines = [
         f"# {title}",
         "",
-        f"`{base}` adapted to domain text by continued masked-language-model pretraining with {scheme} "
-        "(mlm_adapt, PyTorch Lightning)"
-        + (
-            f", then merged back toward it (α = {info.merge['alpha']:.4g}: see below)." if info.merge else "."
-        ),
+        summary,
         "",
         "## Usage",
         "",
@@ -349,10 +370,11 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         step = info.final_metrics_step
         after_head = f"after (step {step})" if step is not None else "after"
         before_head = f"step {warmup}, after a head warm-up" if warmup else "step 0"
+        before_head += ", random init" if from_scratch else f", `{base}`"
         merged = (info.merge or {}).get("merged_metrics") or {}
         merged_head = f" merged, α = {info.merge['alpha']:.4g} (exported) |" if merged else ""
         lines += [
-            f"| metric | before ({before_head}, `{base}`) | {after_head} |{merged_head}",
+            f"| metric | before ({before_head}) | {after_head} |{merged_head}",
             "|---|---:|---:|" + ("---:|" if merged else ""),
         ]
         for name in before_after_names(before, after):

