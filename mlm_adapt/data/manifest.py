@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.data.validation_sets import ValidationSets
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.guard.secrets import withhold
 from mlm_adapt.text.tokenizer import read_new_tokens
 
 # 2: document attention and the OpenCC conversion are settings, the test files are recorded.
@@ -83,7 +84,8 @@ def prepared_settings(hp: Any, tokenizer: PreTrainedTokenizerBase, sets: Validat
         "max_seq_length": hp.max_seq_length,
         "packing": hp.packing,
         "document_attention": bool(hp.document_attention) and hp.packing,
-        "segmenter": {"backend": hp.segmenter, "hmm": hp.hmm},
+        # A secret init argument (an API key) sets no word: not recorded, and rotating it is no change.
+        "segmenter": {"backend": withhold(hp.segmenter), "hmm": hp.hmm},
         "opencc": hp.opencc,
         "user_dict": file_hash(hp.user_dict),
         "added_tokens": added_tokens if added else None,

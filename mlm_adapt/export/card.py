@@ -12,6 +12,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from mlm_adapt.data.forgetting import as_forgetting
 from mlm_adapt.data.replay import parse_mix_rate, segment_columns
 from mlm_adapt.export.merge import CURVE_FILENAME
+from mlm_adapt.guard.secrets import WITHHELD, withhold
 from mlm_adapt.masking.collator import SCHEME_DESCRIPTIONS
 from mlm_adapt.masking.schedule import parse_schedule
 from mlm_adapt.model.loading import HEAD_PARTIAL, HEAD_UNTRAINED
@@ -62,15 +63,21 @@ class ExportInfo:
     merge: dict[str, Any] = field(default_factory=dict)
 
     def resolved_config(self) -> str:
-        """The YAML written next to the weights: LightningCLI's resolved config, else the hyperparameters."""
+        """The YAML written next to the weights: LightningCLI's resolved config, else the hyperparameters;
+        secret init arguments withheld (:mod:`mlm_adapt.guard.secrets`)."""
         if self.config_yaml:
-            return self.config_yaml
+            config = yaml.safe_load(self.config_yaml)
+            withheld = withhold(config)
+            if withheld == config:
+                return self.config_yaml
+            header = f"# Secret init arguments are withheld ({WITHHELD})\n"
+            return header + yaml.safe_dump(withheld, allow_unicode=True, sort_keys=False)
         clean = {
             section: {k: v for k, v in hparams.items() if not k.startswith("_")}
             for section, hparams in (("model", self.model_hparams), ("data", self.data_hparams))
         }
         header = "# Hyperparameters stored in the checkpoint (no LightningCLI config recorded)\n"
-        return header + yaml.safe_dump(clean, allow_unicode=True, sort_keys=False)
+        return header + yaml.safe_dump(withhold(clean), allow_unicode=True, sort_keys=False)
 
 
 def val_metrics_at(
@@ -96,10 +103,12 @@ def run_tags(info: ExportInfo) -> list[str]:
 
 
 def _segmenter(value: Any) -> str | None:
-    """``data.segmenter`` for the card: a name, or a class path with its init args."""
+    """``data.segmenter`` for the card: a name, or a class path with its init args, secrets withheld."""
     if isinstance(value, dict) and "class_path" in value:
-        args = ", ".join(f"{k}={v!r}" for k, v in (value.get("init_args") or {}).items())
-        return f"`{value['class_path']}({args})`"
+        init_args = withhold(value).get("init_args") or {}
+        args = ", ".join(f"{k}={v if v == WITHHELD else repr(v)}" for k, v in init_args.items())
+        said = " (secret arguments withheld)" if WITHHELD in init_args.values() else ""
+        return f"`{value['class_path']}({args})`{said}"
     return None if value is None else f"`{value}`"
 
 

@@ -29,6 +29,7 @@ import rjieba
 from jsonargparse import ArgumentError, ArgumentParser
 
 from mlm_adapt.errors import MLMAdaptError, exception_line, raised
+from mlm_adapt.guard.secrets import withhold
 from mlm_adapt.text.numbers import parse_number
 from mlm_adapt.text.traditional import EXTRA_HINT, ChineseConverter, split_like
 
@@ -329,6 +330,7 @@ def _from_class_path(spec: Mapping[str, Any]) -> Any:
     command line resolves ``data.segmenter`` (the same :data:`SegmenterFactory` type), then built; its
     multi-line report becomes one line here."""
     name, init_args = spec["class_path"], dict(spec.get("init_args") or {})
+    shown = withhold({"init_args": init_args})["init_args"]  # in the lines: secret arguments withheld
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--segmenter", type=SegmenterFactory)
     try:
@@ -348,7 +350,7 @@ def _from_class_path(spec: Mapping[str, Any]) -> Any:
                 f"(module.Class) or a built-in name ({', '.join(BUILTIN_NAMES)})"
             ) from None
         raise MLMAdaptError(
-            f"data.segmenter: {name}(**{init_args}) failed: {reason}; check data.segmenter.init_args"
+            f"data.segmenter: {name}(**{shown}) failed: {reason}; check data.segmenter.init_args"
         ) from None
     try:
         return parser.instantiate(config).segmenter()
@@ -356,7 +358,7 @@ def _from_class_path(spec: Mapping[str, Any]) -> Any:
         raise
     except Exception as exc:
         raise MLMAdaptError(
-            f"data.segmenter: {name}(**{init_args}) failed: {type(exc).__name__}: {exc}; "
+            f"data.segmenter: {name}(**{shown}) failed: {type(exc).__name__}: {exc}; "
             "check data.segmenter.init_args"
         ) from None
 
@@ -419,7 +421,7 @@ class Segmentation:
         self.spec: str | dict[str, Any] | None = segmenter_setting(segmenter) if given else None
         if isinstance(self.spec, dict) and not isinstance(self.spec.get("class_path"), str):
             raise MLMAdaptError(
-                f"data.segmenter: {self.spec} has no class_path; give a built-in name "
+                f"data.segmenter: {withhold(self.spec)} has no class_path; give a built-in name "
                 f"({', '.join(BUILTIN_NAMES)}) or {{class_path: module.Class, init_args: {{...}}}}"
             )
         if self.spec is None:

@@ -30,6 +30,7 @@ from typing_extensions import override
 
 from mlm_adapt.data.loader_state import corpus_fingerprint
 from mlm_adapt.errors import MLMAdaptError
+from mlm_adapt.guard.secrets import secret_setting
 from mlm_adapt.model.checkpoints import callback_state
 from mlm_adapt.training.checkpoint_files import drop_rows_after
 
@@ -145,6 +146,8 @@ def resume_conflicts(
         option = key if section == "run" else f"{section}.{key}"  # seed_everything: a top-level option
         old, new = _flatten(option, old_section[key]), _flatten(option, new_section[key])
         for name in dict.fromkeys([*old, *new]):  # every leaf (optimizer arguments), in order
+            if secret_setting(name):  # a rotated key changes no word, weight or batch
+                continue
             if not _same(name, old.get(name), new.get(name)):
                 conflicts.append(f"{name}: {old.get(name)!r} -> {new.get(name)!r}")
     old_corpus = (saved.get("corpus") or {}).get(CORPUS_KEY)
