@@ -35,6 +35,7 @@ from cli_process import run_command  # noqa: E402
 
 # The training stack (torch, Lightning, transformers) is imported by the fixtures and tests that use it, not
 # here: every pytest process (the xdist controller, a nested run) would pay ~7 s of CPU for it.
+from mlm_adapt.cli.commands import main  # noqa: E402
 from mlm_adapt.errors import STOP  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,6 +150,19 @@ def run_cli(
     # Whatever the command: the libraries' advertising is not part of the tool's output.
     assert "💡" not in result.stdout + result.stderr, (result.stdout + result.stderr)[-3000:]
     return result
+
+
+def run_main(args: list[str], capture: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``python -m mlm_adapt ARGS`` in this process: (exit status, stdout, stderr), as ``capture``
+    (``capsys``, or ``capfd`` for what libraries write to the file descriptors) saw them."""
+    capture.readouterr()
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    captured = capture.readouterr()
+    return code, captured.out, captured.err
 
 
 def make_datamodule(model_dir: Path, corpus_file: Path | None, cache_root: Path, **overrides):

@@ -337,7 +337,7 @@ def read_files_as_utf8() -> None:
     """
     if sys.flags.utf8_mode or locale.getpreferredencoding(False).lower().replace("-", "") == "utf8":
         return
-    for name in ("C.UTF-8", "C.utf8", "en_US.UTF-8"):
+    for name in ("C.UTF-8", "en_US.UTF-8"):
         with contextlib.suppress(locale.Error):
             locale.setlocale(locale.LC_CTYPE, name)
             return

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import run_main
 
-from mlm_adapt.cli import main
 from mlm_adapt.guard.locks import STAGING_MARKER
 from mlm_adapt.guard.outputs import write_marker
 from mlm_adapt.model import MaskedLMModule
@@ -70,18 +70,6 @@ def leftovers(directory: Path) -> list[str]:
         locks = [os.path.join(root, f) for f in files if f.endswith(".lock")]
         found += [f for f in locks if "mlm_adapt lock" in Path(f).read_text(errors="replace")]
     return sorted(found)
-
-
-def run(args: list[str], capsys) -> tuple[int, str, str]:
-    """``python -m mlm_adapt ARGS`` in-process: (exit status, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def assert_one_line(err: str, *needles: str) -> None:
@@ -202,7 +190,7 @@ def check_refused(case: Refusal, ws: Workspace, capsys, monkeypatch) -> None:
     held = case.setup(ws, monkeypatch) if case.setup else None
     with held if isinstance(held, contextlib.AbstractContextManager) else contextlib.nullcontext():
         before = tree_hashes(ws.root.parent)
-        code, out, err = run(case.args, capsys)
+        code, out, err = run_main(case.args, capsys)
         after = tree_hashes(ws.root.parent)
     assert code == 2, err
     assert_one_line(err, *case.needles)

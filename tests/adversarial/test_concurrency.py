@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from _output_workspace import Workspace, assert_one_line, leftovers, run, tree_hashes, world, ws
-from conftest import REPO
+from _output_workspace import Workspace, assert_one_line, leftovers, tree_hashes, world, ws
+from conftest import REPO, run_main
 from lock_holder import held_lock
 
 from mlm_adapt.export import writer
@@ -48,7 +48,7 @@ def test_a_live_writers_lock_refuses_a_second_writer(output, ws: Workspace, caps
     (ws.root / "current").symlink_to("exp")  # another spelling of exp: the lock is on the real path
     with held_lock("locked", ws.exp, "holder", str(ws.exp)):
         before = tree_hashes(ws.root.parent)
-        code, out, err = run([*EXPORT, f"--output_dir={output}", "--overwrite"], capsys)
+        code, out, err = run_main([*EXPORT, f"--output_dir={output}", "--overwrite"], capsys)
         assert tree_hashes(ws.root.parent) == before
     assert code == 2 and "wrote" not in out, err
     assert_one_line(
@@ -71,7 +71,7 @@ def test_a_file_appearing_during_overwrite_stops_the_publish(ws: Workspace, caps
 
     monkeypatch.setattr(writer, "verify_export", verify)
     before = tree_hashes(ws.exp)
-    code, out, err = run([*EXPORT, "--output_dir=exp", "--overwrite"], capsys)
+    code, out, err = run_main([*EXPORT, "--output_dir=exp", "--overwrite"], capsys)
     assert code == 2 and "wrote" not in out, err
     assert_one_line(err, "exp was written by another process while this command ran")
     after = tree_hashes(ws.exp)
@@ -145,11 +145,11 @@ def test_only_proven_leftovers_are_cleaned(case, ws: Workspace, capsys):
     if "restores" in case:
         assert not ws.exp.exists()
         # The next export first renames the earlier export back, then refuses to replace it.
-        code, _, err = run([*EXPORT, "--output_dir=exp"], capsys)
+        code, _, err = run_main([*EXPORT, "--output_dir=exp"], capsys)
         assert code == 2 and "is not empty" in err
         assert tree_hashes(ws.exp) == original
     else:
-        code, _, err = run([*EXPORT, "--output_dir=exp", "--overwrite"], capsys)
+        code, _, err = run_main([*EXPORT, "--output_dir=exp", "--overwrite"], capsys)
         assert code == 0, err
         assert is_complete_export(ws.exp) and (ws.exp / MARKER).is_file()
     assert os.path.lexists(left) is not removed

@@ -18,11 +18,11 @@ from _output_workspace import (
     leftovers,
     make_file,
     read_only_dir,
-    run,
     tree_hashes,
     world,
     ws,
 )
+from conftest import run_main
 
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
@@ -208,7 +208,7 @@ def test_written_atomically_with_umask_modes_and_inputs_kept(case: Success, ws: 
     kept = {name: tree_hashes(ws.root / name) for name in case.kept}
     old_umask = os.umask(0o022)
     try:
-        code, out, err = run(case.args, capsys)
+        code, out, err = run_main(case.args, capsys)
     finally:
         os.umask(old_umask)
     assert code == 0, err

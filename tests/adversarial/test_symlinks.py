@@ -18,11 +18,11 @@ from _output_workspace import (
     leftovers,
     make_file,
     make_link,
-    run,
     tree_hashes,
     world,
     ws,
 )
+from conftest import run_main
 
 from mlm_adapt.guard.outputs import MARKER, Output, is_complete_export, write_text
 from mlm_adapt.training.checkpoint_files import AtomicCheckpointIO
@@ -87,7 +87,7 @@ def test_export_through_link_replaces_the_real_target(beside, ws: Workspace, cap
     link = ws.root / "current"
     link.symlink_to("exp")
     before = {name: tree_hashes(ws.root / name) for name in kept}
-    code, _, err = run([*EXPORT, "--output_dir=current", "--overwrite"], capsys)
+    code, _, err = run_main([*EXPORT, "--output_dir=current", "--overwrite"], capsys)
     assert code == 0, err
     assert link.is_symlink() and link.resolve() == ws.exp.resolve()
     assert is_complete_export(ws.exp) and (ws.exp / "model.safetensors").stat().st_size > 1000
@@ -120,6 +120,6 @@ def test_marker_of_an_export_is_never_a_link_target(ws: Workspace, capsys):
     make_file("mine/notes.md")(ws)
     (ws.root / "mine" / MARKER).symlink_to(ws.exp / MARKER)
     before = tree_hashes(ws.root / "mine")
-    code, _, err = run([*EXPORT, "--output_dir=mine", "--overwrite"], capsys)
+    code, _, err = run_main([*EXPORT, "--output_dir=mine", "--overwrite"], capsys)
     assert code == 2 and "holds notes.md, which no export wrote" in err
     assert tree_hashes(ws.root / "mine") == before

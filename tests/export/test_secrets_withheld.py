@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import tiny_fit_args
+from conftest import run_main, tiny_fit_args
 
-from mlm_adapt.cli.commands import main
 from mlm_adapt.guard.secrets import WITHHELD, is_secret, secret_setting, withhold
 
 KEY, ROTATED, MARKED = "sk-LIVE-4f1c2a", "sk-LIVE-9b7e3d", "es-private-5d8e"
@@ -42,14 +41,8 @@ def secrets_in(root: Path) -> list[str]:
 
 
 def run(args: list[str], capfd) -> tuple[int, str]:
-    capfd.readouterr()
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    captured = capfd.readouterr()
-    return code, captured.out + captured.err
+    code, out, err = run_main(args, capfd)
+    return code, out + err
 
 
 @pytest.mark.parametrize(
