@@ -56,34 +56,27 @@ def split_counts(raw: datasets.Dataset, blocks: datasets.Dataset) -> dict[str, i
 
 
 def refuse_unmaskable(blocks: datasets.Dataset, tokenizer: Any, key: str, tokenizer_name: str) -> None:
-    """Refuses, in one line naming ``key``, training blocks of which no token can be masked (all ``[UNK]``:
-    emoji, a script the vocabulary lacks), which would train on nothing with loss 0 and export the weights
-    unchanged."""
-    share = unmaskable_share(blocks, tokenizer.all_special_ids, tokenizer.unk_token_id)
-    if share is not None:
-        raise MLMAdaptError(
-            f"{key}: no token of the training corpus can be masked: {share:.1%} of its tokens are "
-            f"{tokenizer.unk_token} (the tokenizer of {tokenizer_name} does not cover the text); use a "
-            "tokenizer that covers it, or add its characters as tokens (python -m mlm_adapt vocab "
-            "--output_tokens FILE, then model.new_tokens_file FILE)"
-        )
-
-
-def unmaskable_share(blocks: datasets.Dataset, special_ids: list[int], unk_id: int | None) -> float | None:
-    """``None`` when some token of ``blocks`` can be masked (a text token that is not a special token, as
-    the collator masks); else the share of their text tokens that are ``[UNK]`` (a special token: a corpus
-    the tokenizer does not cover trains on nothing). Reads the blocks only until it finds one."""
+    """Refuses, in one line naming ``key``, training blocks of which no token can be masked (no text token
+    that is not a special token, as the collator masks: all ``[UNK]``, e.g. emoji or a script the vocabulary
+    lacks), which would train on nothing with loss 0 and export the weights unchanged. Reads the blocks only
+    until it finds a maskable token."""
     text_tokens = unknown = 0
-    special = pa.array(special_ids, pa.int64())
+    special = pa.array(tokenizer.all_special_ids, pa.int64())
     for chunk in blocks.with_format("arrow").iter(batch_size=10_000):
         ids = pc.cast(pc.list_flatten(chunk["input_ids"]), pa.int64())
         text = pc.greater_equal(pc.list_flatten(chunk["word_ids"]), 0)  # -1: the specials blocks add
         if pc.any(pc.and_(text, pc.invert(pc.is_in(ids, value_set=special)))).as_py():
-            return None
+            return
         text_tokens += int(pc.sum(pc.cast(text, pa.int64())).as_py() or 0)
-        if unk_id is not None:
-            unknown += int(pc.sum(pc.cast(pc.equal(ids, unk_id), pa.int64())).as_py() or 0)
-    return unknown / text_tokens if text_tokens else 0.0
+        if tokenizer.unk_token_id is not None:
+            unknown += int(pc.sum(pc.cast(pc.equal(ids, tokenizer.unk_token_id), pa.int64())).as_py() or 0)
+    share = unknown / text_tokens if text_tokens else 0.0
+    raise MLMAdaptError(
+        f"{key}: no token of the training corpus can be masked: {share:.1%} of its tokens are "
+        f"{tokenizer.unk_token} (the tokenizer of {tokenizer_name} does not cover the text); use a tokenizer "
+        "that covers it, or add its characters as tokens (python -m mlm_adapt vocab --output_tokens FILE, "
+        "then model.new_tokens_file FILE)"
+    )
 
 
 def corpus_stats(splits: dict[str, dict], validation_sets: dict[str, str]) -> dict[str, int]:

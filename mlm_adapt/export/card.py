@@ -343,17 +343,20 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
             "; `downstream/<task>/*` are labelled-task scores of the encoder (the `downstream:` section of "
             "the training configuration)"
         )
-    summary = (
-        f"`{base}` adapted to domain text by continued masked-language-model pretraining with {scheme} "
-        "(mlm_adapt, PyTorch Lightning)"
-        + (f", then merged back toward it (α = {info.merge['alpha']:.4g}: see below)." if info.merge else ".")
-    )
     if from_scratch:
         summary = (
             f"A masked language model of `{base}`'s architecture and tokenizer, randomly initialized (none "
             f"of its weights) and pretrained from scratch on domain text with {scheme} (mlm_adapt, PyTorch "
             "Lightning)."
         )
+    else:
+        summary = (
+            f"`{base}` adapted to domain text by continued masked-language-model pretraining with {scheme} "
+            "(mlm_adapt, PyTorch Lightning)"
+        )
+        if info.merge:
+            summary += f", then merged back toward it (α = {info.merge['alpha']:.4g}: see below)"
+        summary += "."
     lines = [
         f"# {title}",
         "",
