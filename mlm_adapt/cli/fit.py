@@ -79,8 +79,63 @@ def option_error_line(message: str) -> str | None:
     return None
 
 
+# The one-line heading of each group of options, in the order ``--help`` lists them: mlm_adapt's own first,
+# Lightning's Trainer last. A group is known by the key of its first option (``""``: the top-level ones).
+GROUP_HEADINGS = {
+    "": "options",
+    "ckpt_path": "the checkpoint to resume (fit) or evaluate (validate, test)",
+    "model": "model: the masked LM, its optimizer and learning-rate schedule",
+    "data": "data: the corpus, its segmentation and blocks, masking, replay, batches",
+    "forgetting": "forgetting: the warning and budget on general text (docs/training.md)",
+    "export": "export: the Hugging Face directory written at the end of fit, and the Hub push",
+    "downstream": "downstream: labelled tasks scored at step 0 and each validation (docs/downstream.md)",
+    "linked": "linked: set from another option (not given on their own)",
+    "trainer": "trainer: Lightning's Trainer (devices, precision, steps, logging, callbacks)",
+}
+CKPT_PATH_HELP = (
+    "A checkpoint: a .ckpt file (or FSDP sharded directory) the trainer wrote; ``last``: the run's newest "
+    "last.ckpt (a new run when it has none); ``hpc``: the Slurm requeue checkpoint in "
+    "trainer.default_root_dir. fit resumes it exactly; validate and test evaluate its weights."
+)
+
+
+def group_key(group: argparse._ArgumentGroup) -> str | None:
+    """The key of ``group`` in :data:`GROUP_HEADINGS` (``None``: nothing shown, e.g. no positionals)."""
+    shown = [a.dest for a in group._group_actions if a.help != argparse.SUPPRESS]
+    if not shown:
+        return None
+    if group.title == "Linked arguments":  # jsonargparse's group of link targets
+        return "linked"
+    if shown[0] in ("help", "config", "print_config", "seed_everything"):
+        return ""
+    parts = shown[0].split(".")
+    nested = ".".join(parts[:2])
+    return nested if nested in GROUP_HEADINGS else parts[0] if parts[0] in GROUP_HEADINGS else "trainer"
+
+
 class MLMAdaptArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser, with one-line errors for the union-typed options (:func:`option_error_line`)."""
+    """LightningCLI's parser, with one-line errors for the union-typed options (:func:`option_error_line`)
+    and a help that lists mlm_adapt's own options first, each group under a one-line heading."""
+
+    @override
+    def format_help(self) -> str:
+        # jsonargparse lists groups as they were added, the Trainer's first and each headed by its class's
+        # docstring; a user reads this tool's options first. Only the printing order changes.
+        groups, usage = self._action_groups, self.usage
+        headings = [(g, g.title, g.description) for g in groups]
+        order = list(GROUP_HEADINGS)
+        keys = {id(g): group_key(g) for g in groups}
+        try:
+            self._action_groups = [g for g in groups if keys[id(g)] is not None]
+            self._action_groups.sort(key=lambda g: order.index(keys[id(g)]))
+            for group in self._action_groups:
+                group.title, group.description = GROUP_HEADINGS[keys[id(group)]], None
+            self.usage = "%(prog)s [-h] [-c CONFIG] [--print_config[=flags]] [--KEY VALUE ...]"
+            return super().format_help()
+        finally:
+            self._action_groups, self.usage = groups, usage
+            for group, title, text in headings:
+                group.title, group.description = title, text
 
     @override
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
@@ -159,8 +214,21 @@ class MLMAdaptCLI(LightningCLI):
     @staticmethod
     @override
     def subcommands() -> dict[str, set[str]]:
-        # A masked LM has no prediction loop here: fill-mask is the inference command.
-        return {k: v for k, v in LightningCLI.subcommands().items() if k != "predict"}
+        # A masked LM has no prediction loop here: fill-mask is the inference command. Checkpoints are
+        # always read weights-only (a pickle could run code): no --weights_only to turn that off.
+        return {k: v | {"weights_only"} for k, v in LightningCLI.subcommands().items() if k != "predict"}
+
+    @override
+    def _prepare_subcommand_parser(
+        self, klass: type, subcommand: str, **kwargs: Any
+    ) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        for action in parser._actions:
+            if action.dest == "ckpt_path":
+                action.help = CKPT_PATH_HELP  # Lightning's names a model registry this tool has no use for
+            elif action.dest == "trainer.model_registry":
+                action.help = argparse.SUPPRESS
+        return parser
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -213,13 +281,8 @@ class MLMAdaptCLI(LightningCLI):
         :mod:`mlm_adapt.training.resume`; ``optimizer``: :meth:`_optimizer_config`, where ``settings``
         compare it); returns its entries."""
         config = self.config[self.subcommand]
-        if config.weights_only is False:
-            raise MLMAdaptError(
-                "weights_only=false: mlm_adapt reads checkpoints weights-only (a pickle could run code); "
-                "drop the flag"
-            )
         ckpt_path = config.ckpt_path
-        if not ckpt_path or ckpt_path in ("best", "hpc"):
+        if not ckpt_path or ckpt_path == "hpc":
             return None
         saved = checkpoint_metadata(ckpt_path)  # also refuses a crafted file before Lightning reads it
         current = run_settings(self.model.hparams, self.datamodule.hparams, optimizer, config.seed_everything)

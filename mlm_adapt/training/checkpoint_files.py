@@ -110,16 +110,27 @@ def resolve_resume(config: Any, follow_version: bool = True) -> None:
     """Turns a parsed ``fit`` config's ``ckpt_path`` into the checkpoint to resume, and continues its logs.
 
     ``last`` becomes the newest ``last*.ckpt`` of the run, or ``None`` with a note when the run has none
-    yet (a first run of a requeue script). When the checkpoint lies in a version directory of the first
-    logger, every versioned logger that has that version is set to it, so the resumed run writes where the
-    killed run did. Other values (a path, ``best``, ``hpc``) are left to Lightning.
+    yet (a first run of a requeue script); ``best`` and a model registry are refused. When the checkpoint
+    lies in a version directory of the first logger, every versioned logger that has that version is set
+    to it, so the resumed run writes where the killed run did. Other values (a path, ``hpc``) are left to
+    Lightning.
 
     Args:
         config: The ``fit`` (``validate``, ``test``) section of LightningCLI's parsed config (changed).
         follow_version: Set the loggers to the checkpoint's version (``fit``; not ``validate``/``test``).
     """
     ckpt_path = config.ckpt_path
-    if not ckpt_path or ckpt_path in ("best", "hpc"):
+    if ckpt_path == "best":  # Lightning's best is known only inside the fit that saved it
+        raise MLMAdaptError(
+            "ckpt_path best: the best checkpoint is known only inside the fit that saved it; give its .ckpt "
+            "path (ModelCheckpoint's filename, in the run's checkpoints directory)"
+        )
+    if str(ckpt_path).split(":")[0] == "registry":
+        raise MLMAdaptError(
+            f"ckpt_path {ckpt_path}: Lightning's model registry is not used by mlm_adapt; give a .ckpt file "
+            "the trainer wrote, last or hpc"
+        )
+    if not ckpt_path or ckpt_path == "hpc":
         return
     trainer = config.trainer
     default_root = Path(trainer.default_root_dir or ".")

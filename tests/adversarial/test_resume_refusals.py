@@ -143,7 +143,11 @@ REFUSED = {
         "model.optimizer.init_args.lr: ",
     ),
     "explicit_other_model_family": ("fit", None, (), "other", None, "model.model_name_or_path:"),
-    "explicit_weights_only_false": ("fit", None, ("--weights_only=false",), None, None, "weights_only=false"),
+    # Always weights-only: the flag that would turn it off is no option.
+    "weights_only_false": ("fit", None, ("--weights_only=false",), None, None, "arguments: --weights_only"),
+    "fit_model_registry": ("fit", "registry:my-model", (), None, None, "model registry is not used"),
+    # Lightning's "best" is known only in the process that saved it (it was a ValueError traceback).
+    "validate_best": ("validate", "best", (), None, None, "ckpt_path best: the best checkpoint is known"),
     "validate_explicit_other_model": ("validate", None, (), "other", None, "model.model_name_or_path:"),
     "validate_last_in_a_fresh_root": ("validate", "last", (), None, None, "ckpt_path last: no last.ckpt in"),
 }
