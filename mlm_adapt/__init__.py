@@ -15,6 +15,13 @@ _EXPORTS = {
     "MaskedLMModule": "mlm_adapt.model",
     "JiebaSegmenter": "mlm_adapt.text.segmentation",
     "WholeWordMaskCollator": "mlm_adapt.masking",
+    # The data module's option groups (a mapping of their options is accepted too).
+    "SegmentationOptions": "mlm_adapt.text.segmentation",
+    "MaskingOptions": "mlm_adapt.masking.options",
+    "BlockOptions": "mlm_adapt.text.blocks",
+    "ReplayOptions": "mlm_adapt.data.replay",
+    "StreamingOptions": "mlm_adapt.data.streaming",
+    "ForgettingOptions": "mlm_adapt.data.forgetting",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.3.0"

@@ -94,10 +94,10 @@ class BatchRecorder(L.Callback):
             "rows": [hashlib.sha1(repr(r).encode()).hexdigest()[:16] for r in rows],
             "lengths": [len(r) for r in rows],
         }
-        if self.index is not None:  # -1: a replayed general block (data.mix_files), not a training block
+        if self.index is not None:  # -1: a replayed general block (data.replay.files), not a training block
             record["ids"] = [self.index.get(r, -1) for r in rows]
-        if "mix_rate" in batch:
-            record["mix_rate"] = float(batch["mix_rate"])
+        if "replay_rate" in batch:
+            record["replay_rate"] = float(batch["replay_rate"])
         with open(self.out_dir / f"rank{trainer.global_rank}.jsonl", "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
             handle.flush()
@@ -155,7 +155,7 @@ def assert_kill_and_resume_reproduces(fit: Callable[..., Any], root: Path, steps
     expected = read_records(straight / "rec")
     assert [r["step"] for r in expected] == list(range(steps))
     assert {r["epoch"] for r in expected} == {0, 1}
-    key = ("step", "epoch", "batch_idx", "ids", "digest", "mix_rate")  # digest: same examples and masks
+    key = ("step", "epoch", "batch_idx", "ids", "digest", "replay_rate")  # digest: same examples and masks
     resumed = first_half + read_records(killed / "rec")
     assert [{k: r.get(k) for k in key} for r in resumed] == [{k: r.get(k) for k in key} for r in expected]
 

@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mlm_adapt"
 LAYERS = (
     "lazy_exports",
     "errors",
+    "options",
     "guard",
     "text",
     "masking",

@@ -4,9 +4,9 @@
 - ``prepare``: the corpus segmented, tokenized and packed once, on a CPU node; ``fit --data.prepared_dir
   DIR`` then reads only DIR (memory-mapped shards), and no rank waits on jieba.
 - ``vocab``: the characters the model's vocabulary lacks (``[UNK]``; ``--output_tokens`` for
-  ``model.new_tokens_file``) and the domain terms ``data.segmenter`` splits, which whole-word masking
-  therefore never masks whole (``--output_dict`` writes them as a jieba user dictionary for
-  ``data.user_dict``); see :mod:`mlm_adapt.text.tokenizer`.
+  ``model.new_tokens_file``) and the domain terms ``data.segmentation.segmenter`` splits, which whole-word
+  masking therefore never masks whole (``--output_dict`` writes them as a jieba user dictionary for
+  ``data.segmentation.user_dict``); see :mod:`mlm_adapt.text.tokenizer`.
 
 Before the data module's stack is imported (LightningCLI's parser, torch, transformers, datasets), each
 command answers ``--help`` with its own options (fit's are ``fit --help``) and refuses a ``data.train_files``
@@ -54,7 +54,7 @@ VOCAB_OPTIONS: Options = [
         "--output_dict",
         str | None,
         None,
-        "Write the proposed terms as a jieba user dictionary (for data.user_dict).",
+        "Write the proposed terms as a jieba user dictionary (for data.segmentation.user_dict).",
     ),
     (
         "--output_tokens",
@@ -202,7 +202,7 @@ def render_text(example: dict, tokenizer: PreTrainedTokenizerBase) -> str:
     rate = n_masked / max(length - 2, 1)
     header = f"# {length} tokens, {n_masked} masked ({rate:.1%}) in {n_masked_words} words"
     if example.get("replayed"):
-        header += "; replayed general block (data.mix_files)"
+        header += "; replayed general block (data.replay.files)"
     return header + "\n" + " ".join(parts)
 
 
@@ -215,7 +215,7 @@ def preview_main(args: list[str]) -> None:
     datamodule.setup("fit")
     tokenizer = datamodule.tokenizer
     batches = iter(datamodule.train_dataloader())
-    if datamodule.replay is not None:  # general blocks replayed as training's first step draws them
+    if datamodule.replayer is not None:  # general blocks replayed as training's first step draws them
         batches = (datamodule.with_replay(batch, 0, 1) for batch in batches)
     examples = (e for batch in batches for e in batch_examples(batch, tokenizer))
     for example in itertools.islice(examples, config.num_examples):
@@ -295,7 +295,9 @@ def vocab_main(args: list[str]) -> None:
             "(other [UNK]: words WordPiece cannot assemble from its pieces, e.g. a letter glued to a symbol)"
         )
     segmenter = datamodule.segmenter
-    terms = candidate_terms(texts, hp.user_dict, config.min_count, config.min_cohesion, segmenter)
+    terms = candidate_terms(
+        texts, datamodule.segmentation.user_dict, config.min_count, config.min_cohesion, segmenter
+    )
     print(
         f"\n{len(terms):,} candidate terms (HMM words that {segmenter.name} splits, count >= "
         f"{config.min_count}, cohesion >= {config.min_cohesion}); top {min(config.top_k, len(terms))}:\n"
@@ -306,7 +308,7 @@ def vocab_main(args: list[str]) -> None:
         print(f"{word:<10}{n:>8}{cohesion(word, corpus):>10.2f}")
     if "output_dict" in outputs:
         write_user_dict(terms, outputs["output_dict"])
-        print(f"\nwrote {len(terms):,} terms to {config.output_dict} (use it as data.user_dict)")
+        print(f"\nwrote {len(terms):,} terms to {config.output_dict} (use it as data.segmentation.user_dict)")
     if "output_tokens" in outputs:
         chars = [ch for ch, _ in oov.most_common(config.top_k)]
         write_text(outputs["output_tokens"], "".join(f"{ch}\n" for ch in chars))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
+from jsonargparse import Namespace
 from jsonargparse._actions import print_config_skip  # the flag jsonargparse prints under
 from jsonargparse._link_arguments import ActionLink
 from jsonargparse._typehints import sub_defaults
@@ -46,6 +47,7 @@ from mlm_adapt.training.resume import (
 )
 
 _GIVEN = re.compile(r"Given value: (.*)")
+_GROUP_VALUE = re.compile(r"""Parser key "([\w.]+)":\s*Unable to load config '([^']*)'""")
 # Whether the parser is applying given values (:meth:`MLMAdaptArgumentParser._apply_actions`).
 _GIVEN_VALUES: ContextVar[bool] = ContextVar("mlm_adapt_given_values", default=False)
 # jsonargparse's reason for a class_path it cannot use, and the class path when the value was a mapping (the
@@ -57,25 +59,34 @@ _CLASS_PATH = re.compile(
 
 
 def option_error_line(message: str) -> str | None:
-    """One line for jsonargparse's union report on ``data.segmenter``/``data.opencc`` (else ``None``): which
+    """One line for jsonargparse's union report on
+    ``data.segmentation.segmenter``/``data.segmentation.opencc`` (else ``None``): which
     value, why, and what is accepted, instead of the usage and a dozen lines about every union member."""
     given = _GIVEN.search(message)
     value = given.group(1).strip() if given else "?"
-    if 'Parser key "data.segmenter"' in message:
+    group = _GROUP_VALUE.match(message)
+    if group:  # a value where a group of options goes: a file jsonargparse could not load
+        return (
+            f"{group.group(1)}: {group.group(2)!r} is no value of a group of options; give its options by "
+            f"name (--{group.group(1)}.NAME VALUE; COMMAND --help lists them)"
+        )
+    if 'Parser key "data.segmentation.segmenter"' in message:
         names = ", ".join(BUILTIN_NAMES)
         accepted = f"use a built-in name ({names}) or the class_path of a class with segment(texts)"
         not_a_segmenter = NOT_A_SEGMENTER.search(message)
         if not_a_segmenter:
             path = not_a_segmenter.group(1)
-            return f"data.segmenter: {path} has no segment(texts) method; {accepted}"
+            return f"data.segmentation.segmenter: {path} has no segment(texts) method; {accepted}"
         problem = _CLASS_PATH.search(message)
         if problem:
             reason, path = problem.group(1).strip(), problem.group(2) or value
-            return f"data.segmenter: cannot use class_path {path!r} ({reason}); {accepted}"
-        return f"data.segmenter: unknown segmenter {value!r}; {accepted}"
-    if 'Parser key "data.opencc"' in message:
+            return f"data.segmentation.segmenter: cannot use class_path {path!r} ({reason}); {accepted}"
+        return f"data.segmentation.segmenter: unknown segmenter {value!r}; {accepted}"
+    if 'Parser key "data.segmentation.opencc"' in message:
         configs = ", ".join(OPENCC_CONFIGS)
-        return f"data.opencc: unknown OpenCC configuration {value!r}; use one of {configs} or null"
+        return (
+            f"data.segmentation.opencc: unknown OpenCC configuration {value!r}; use one of {configs} or null"
+        )
     return None
 
 
@@ -85,7 +96,12 @@ GROUP_HEADINGS = {
     "": "options",
     "ckpt_path": "the checkpoint to resume (fit) or evaluate (validate, test)",
     "model": "model: the masked LM, its optimizer and learning-rate schedule",
-    "data": "data: the corpus, its segmentation and blocks, masking, replay, batches",
+    "data": "data: the corpus, its batches and caches",
+    "data.segmentation": "data.segmentation: the words masked as a whole (docs/segmenters.md)",
+    "data.masking": "data.masking: what is masked in training and validation",
+    "data.blocks": "data.blocks: how documents become blocks and batches",
+    "data.replay": "data.replay: general text replayed in training (docs/training.md)",
+    "data.streaming": "data.streaming: a training corpus larger than memory or the cache",
     "forgetting": "forgetting: the warning and budget on general text (docs/training.md)",
     "export": "export: the Hugging Face directory written at the end of fit, and the Hub push",
     "downstream": "downstream: labelled tasks scored at step 0 and each validation (docs/downstream.md)",
@@ -191,6 +207,24 @@ def process_age() -> float:
     return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
 
 
+def refuse_group_values(parser: LightningArgumentParser, config: Any) -> None:
+    """Refuses, in one line, a group of options given one value in a config (``data: {streaming: true}``,
+    the form of a name that is now a group): jsonargparse keeps it and fails building the class."""
+    for key, group in parser.groups.items():
+        value = config.get(key)
+        if not hasattr(group, "instantiate_class") or value is None or isinstance(value, Namespace):
+            continue
+        names = [
+            a.dest.removeprefix(f"{key}.")
+            for a in group._group_actions
+            if a.dest.startswith(f"{key}.") and a.help != argparse.SUPPRESS and not a.dest.endswith(".help")
+        ]
+        raise MLMAdaptError(
+            f"{key}: {value!r} is no value of a group of options; give its options by name: "
+            f"{key}: {{{', '.join(f'{n}: ...' for n in names)}}}"
+        )
+
+
 class MLMAdaptCLI(LightningCLI):
     """LightningCLI with the tokenizer and sequence length linked from the model to the data."""
 
@@ -255,9 +289,12 @@ class MLMAdaptCLI(LightningCLI):
 
     @override
     def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        parser = self._subcommand_parsers[self.subcommand] if self.subcommand else self.parser
+        refuse_group_values(parser, config)
         # Before the loggers exist: `last` must name the killed run's checkpoint and its logger version;
         # validate/test look it up the same way (and keep a logger version of their own).
-        trainer = (self.config[self.subcommand] if self.subcommand else self.config).trainer
+        trainer = config.trainer
         accumulate = trainer.get("accumulate_grad_batches")
         if isinstance(accumulate, int) and accumulate < 1:  # Lightning accepts it, then divides by it
             raise MLMAdaptError(f"trainer.accumulate_grad_batches={accumulate} must be at least 1")

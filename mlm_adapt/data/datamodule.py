@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -16,71 +17,59 @@ from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
 from mlm_adapt.data.corpus_statistics import corpus_stats, describe_stats, refuse_unmaskable, split_counts
-from mlm_adapt.data.forgetting import ForgettingOptions, as_forgetting
+from mlm_adapt.data.forgetting import ForgettingOptions
 from mlm_adapt.data.loader_state import WorkerCountFreeLoader
 from mlm_adapt.data.prepared import load_prepared
 from mlm_adapt.data.preprocess import BLOCK_FEATURES, AnyDataset, drop_empty, to_blocks
 from mlm_adapt.data.replay import (
     IDLE_REPLAY,
     Replay,
-    parse_mix_rate,
+    ReplayOptions,
     replay_settings,
     replay_summary,
     resume_line,
 )
 from mlm_adapt.data.samplers import KeyedDataset, train_sampler
-from mlm_adapt.data.streaming import StreamingCorpus, open_stream
+from mlm_adapt.data.streaming import StreamingCorpus, StreamingOptions, open_stream
 from mlm_adapt.data.validation_sets import ValidationFiles, ValidationSets, held_out_error, warn_overlap
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.locks import locked
 from mlm_adapt.masking import MaskingScheme, WholeWordMaskCollator
-from mlm_adapt.masking.collator import check_probabilities
-from mlm_adapt.masking.schedule import (
-    MaskingSchedule,
-    MaskRates,
-    RateSpec,
-    Stepping,
-    parse_schedule,
-    trainer_stepping,
-)
+from mlm_adapt.masking.options import MaskingOptions
+from mlm_adapt.masking.schedule import ScheduledRates, Stepping, trainer_stepping
+from mlm_adapt.options import as_options, plain
+from mlm_adapt.text.blocks import BlockOptions
 from mlm_adapt.text.corpus import load_files, load_hub
 from mlm_adapt.text.files import expand_files
-from mlm_adapt.text.segmentation import BuiltinSegmenter, Segmentation, SegmenterFactory, segmenter_setting
+from mlm_adapt.text.segmentation import Segmentation, SegmentationOptions, segmenter_setting
 from mlm_adapt.text.tokenizer import load_tokenizer
-from mlm_adapt.text.traditional import OpenCCConfig
 
 # The lock that lets one process of a job fill a shared ``datasets`` cache (``.preprocessing.lock`` in it).
 PREPROCESS_LOCK = "preprocessing"
 
 
-def _check_at_least(hp: Any, least: dict[str, int]) -> None:
-    for key, bound in least.items():
-        if hp[key] is not None and hp[key] < bound:
-            raise MLMAdaptError(f"data.{key}={hp[key]} must be at least {bound}")
-
-
 def check_arguments(
-    hp: Any, forgetting: ForgettingOptions
-) -> tuple[MaskingSchedule, MaskingSchedule, ValidationSets]:
+    hp: Any,
+    blocks: BlockOptions,
+    masking: MaskingOptions,
+    replay: ReplayOptions,
+    streaming: StreamingOptions,
+    forgetting: ForgettingOptions,
+) -> ValidationSets:
     """Refuses, in one line naming the key, what torch or datasets would reject only after preprocessing
-    (or never), before any data is read; returns the masking and mix-rate schedules and the sets. The
-    ``forgetting`` options come checked (:class:`ForgettingOptions`): here only what they need of the data."""
-    schedule = parse_schedule(hp.mlm_probability)
-    eval_rate = hp.eval_mlm_probability
-    if isinstance(eval_rate, bool) or not isinstance(eval_rate, int | float) or not 0.0 < eval_rate < 1.0:
-        raise MLMAdaptError(f"data.eval_mlm_probability={eval_rate!r} must be a rate in (0, 1), e.g. 0.15")
-    check_probabilities(schedule.initial_rate, hp.mask_replace_prob, hp.random_replace_prob)
-    if hp.document_attention and hp.streaming:
+    (or never), before any data is read, and what the groups (each checked on its own) cannot do together;
+    returns the validation sets."""
+    if blocks.document_attention and streaming.enabled:
         raise MLMAdaptError(
-            "data.document_attention is not available with data.streaming; set one of them to false"
+            "data.blocks.document_attention is not available with data.streaming.enabled; set one of them "
+            "to false"
         )
-    if not schedule.constant and hp.streaming:
+    if not masking.schedule.constant and streaming.enabled:
         # A stream has no loader positions to derive steps from (workers split files, not batches).
         raise MLMAdaptError(
-            "data.mlm_probability: a masking-rate schedule needs a map-style corpus; "
-            "set data.streaming: false or use one rate"
+            "data.masking.mlm_probability: a masking-rate schedule needs a map-style corpus; "
+            "set data.streaming.enabled: false or use one rate"
         )
-    mix = parse_mix_rate(hp.mix_probability)
     if not hp.train_files and not hp.dataset_name and not hp.prepared_dir:
         raise MLMAdaptError("data.train_files is empty; give text files or globs (or data.dataset_name)")
     if not 0.0 <= hp.validation_split < 1.0:
@@ -91,32 +80,25 @@ def check_arguments(
             f"model.max_seq_length={hp.max_seq_length} is too short (data.max_seq_length when the "
             "datamodule is used alone); use at least 8 (e.g. 512)"
         )
-    sizes = {
-        "batch_size": 1,
-        "eval_batch_size": 1,
-        "num_workers": 0,
-        "preprocessing_num_workers": 1,
-        "pad_to_multiple_of": 1,
-        "shuffle_buffer_size": 0,  # 0 and 1: no shuffle buffer
-    }
-    _check_at_least(hp, sizes)
-    if max(rate for _, rate in mix.points) > 0 and not hp.mix_files:
-        raise MLMAdaptError("data.mix_probability > 0 needs data.mix_files (general-domain text files)")
-    if hp.prepared_dir and hp.streaming:
-        raise MLMAdaptError("data.prepared_dir: prepared blocks are not streamed; set data.streaming false")
-    if hp.mix_files and hp.streaming:
+    least = {"batch_size": 1, "eval_batch_size": 1, "num_workers": 0, "preprocessing_num_workers": 1}
+    for key, bound in least.items():
+        if hp[key] is not None and hp[key] < bound:
+            raise MLMAdaptError(f"data.{key}={hp[key]} must be at least {bound}")
+    if hp.prepared_dir and streaming.enabled:
         raise MLMAdaptError(
-            "data.mix_files: replay is not available with data.streaming; mix the files beforehand"
+            "data.prepared_dir: prepared blocks are not streamed; set data.streaming.enabled false"
+        )
+    if replay.files and streaming.enabled:
+        raise MLMAdaptError(
+            "data.replay.files: replay is not available with data.streaming.enabled; mix the files beforehand"
         )
     sets = ValidationSets(hp.validation_files)
-    if not 0.0 < hp.max_mix_rate < 1.0:
-        raise MLMAdaptError(f"data.max_mix_rate={hp.max_mix_rate} must be in (0, 1), e.g. 0.5")
     if forgetting.budget is None:
-        return schedule, mix, sets
+        return sets
     # A forgetting budget the run could not hold: no general text, no general set.
-    if not hp.mix_files:
+    if not replay.files:
         raise MLMAdaptError(
-            "forgetting.budget needs general text to replay: set data.mix_files (general-domain files)"
+            "forgetting.budget needs general text to replay: set data.replay.files (general-domain files)"
         )
     if len(sets.names) < 2:
         raise MLMAdaptError(
@@ -130,16 +112,16 @@ def check_arguments(
             "training corpus: domain text, on which no forgetting shows; give it general-domain files, e.g. "
             "{domain: null, general: [general_val.txt]}"
         )
-    if not mix.constant:
+    if not replay.schedule.constant:
         raise MLMAdaptError(
-            "data.mix_probability: with forgetting.budget it is the starting rate, one number (e.g. 0.1)"
+            "data.replay.rate: with forgetting.budget it is the starting rate, one number (e.g. 0.1)"
         )
-    if mix.initial_rate > hp.max_mix_rate:
+    if replay.schedule.initial_rate > forgetting.max_replay_rate:
         raise MLMAdaptError(
-            f"data.mix_probability={mix.initial_rate} exceeds data.max_mix_rate={hp.max_mix_rate}; "
-            "lower the one or raise the other"
+            f"data.replay.rate={replay.schedule.initial_rate} exceeds forgetting.max_replay_rate="
+            f"{forgetting.max_replay_rate}; lower the one or raise the other"
         )
-    return schedule, mix, sets
+    return sets
 
 
 class MLMDataModule(L.LightningDataModule):
@@ -159,50 +141,22 @@ class MLMDataModule(L.LightningDataModule):
         text_column: Column holding the text in json/csv/parquet files and datasets.
         tokenizer_name_or_path: Tokenizer to use; linked from ``model.model_name_or_path`` by the CLI.
         max_seq_length: Block length in tokens, ``[CLS]``/``[SEP]`` included; linked from the model.
-        packing: Concatenate documents into full ``max_seq_length`` blocks (no padding waste). With
-            ``false``, each line is its own example; a line longer than a block continues in the next one.
-        document_attention: With ``packing``, every document in a block gets its own ``[CLS]``/``[SEP]``,
-            restarting positions, and attends only to itself; the model must support it (BERT,
-            RoBERTa/XLM-R, ELECTRA, ALBERT, ModernBERT) or setup refuses. See docs/recipe.md.
-        segmenter: ``rjieba`` (fast) or ``jieba`` (same words), ``thulac``, ``snownlp``, ``pkuseg``, or a
-            class_path/init_args of any class whose ``segment(texts)`` words join back (docs/segmenters.md);
-            in Python, the same name or ``{"class_path": ..., "init_args": {...}}`` mapping.
-        hmm: Let jieba's HMM join unknown characters into words (off: both backends agree exactly).
-        user_dict: A jieba user dictionary (``word [freq] [tag]`` per line) for domain terms.
-        opencc: Traditional Chinese: segment a ``t2s``/``tw2s``/``hk2s``-converted copy, keep the original.
-        mlm_probability: Expected fraction of maskable tokens to predict in training: a rate, or
-            ``[fraction_of_training, rate]`` points, linear in between over the optimizer steps (e.g.
-            ``[[0.0, 0.3], [1.0, 0.15]]``; docs/recipe.md). Logged as ``train/mask_rate``.
-        eval_mlm_probability: The fixed rate of validation and test masks (comparable across the run).
-        mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
-        random_replace_prob: Fraction of selected words replaced by random tokens (the rest stay unchanged).
-        masking: Training masking unit: ``whole_word`` (jieba words), ``ngram`` (MacBERT-style spans of 1-4
-            words at 40/30/20/10%) or ``token`` (character masking, an ablation). Validation and test
-            always use whole-word masks, so metrics compare across schemes.
-        mix_files: General-domain text replayed during training to limit forgetting (blocks of its own).
-        mix_probability: The mix rate: the fraction of training examples drawn from ``mix_files`` (0: none),
-            or ``[fraction_of_training, rate]`` points; with ``forgetting.budget`` the starting rate.
-            Logged as ``train/mix_rate``; see docs/training.md.
-        max_mix_rate: The highest mix rate the forgetting budget may set.
         new_tokens_file: Tokens added to the tokenizer (one per line); linked from ``model.new_tokens_file``.
-        pad_to_multiple_of: Pad batches to a multiple of this length.
-        group_by_length: With ``packing: false``, batch lines of similar length together (mega-batches of
-            50 batches sorted by length), which removes most padding; every example keeps its masks.
+        segmentation: How the text is cut into words (:class:`SegmentationOptions`).
+        masking: What is masked (:class:`MaskingOptions`).
+        blocks: How documents become blocks and batches (:class:`BlockOptions`).
+        replay: General text replayed in training (:class:`ReplayOptions`).
+        streaming: Streaming the training corpus (:class:`StreamingOptions`).
         batch_size: Training examples per batch and device.
         eval_batch_size: Validation/test batch size (default: ``batch_size``).
         num_workers: DataLoader worker processes.
         preprocessing_num_workers: Forked processes segmenting, tokenizing and packing (same blocks for any).
         seed: Seed for the validation split, shuffling and masking.
         cache_dir: Where ``datasets`` caches loaded and preprocessed data (default: its own cache).
-        streaming: Stream the training corpus (larger than memory or disk cache): nothing is cached,
-            each rank reads a disjoint part, and ``trainer.max_steps`` sets the length.
-        shuffle_buffer_size: Streaming only: documents in the shuffle buffer (file order is shuffled too).
-        streaming_validation_documents: Streaming without ``validation_files``: how many held-out
-            documents (a ``validation_split`` fraction, chosen by a hash of the text) form the validation set.
-        forgetting: The forgetting warning, budget and checks (:class:`ForgettingOptions`); in a fit
-            config the ``forgetting:`` group (``--forgetting.*``), linked here.
         prepared_dir: Written by ``python -m mlm_adapt prepare``: its blocks are memory-mapped, no raw file
             is read. Settings differing from its manifest are refused.
+        forgetting: The forgetting warning, budget and checks (:class:`ForgettingOptions`); in a fit
+            config the ``forgetting:`` group (``--forgetting.*``), linked here.
     """
 
     def __init__(
@@ -216,57 +170,63 @@ class MLMDataModule(L.LightningDataModule):
         text_column: str = "text",
         tokenizer_name_or_path: str = "hfl/chinese-bert-wwm-ext",
         max_seq_length: int = 512,
-        packing: bool = True,
-        document_attention: bool = False,
-        segmenter: BuiltinSegmenter | SegmenterFactory = "rjieba",
-        hmm: bool = False,
-        user_dict: str | None = None,
-        opencc: OpenCCConfig | None = None,
-        mlm_probability: RateSpec = 0.15,
-        eval_mlm_probability: float = 0.15,
-        mask_replace_prob: float = 0.8,
-        random_replace_prob: float = 0.1,
-        masking: MaskingScheme = "whole_word",
-        mix_files: list[str] | None = None,
-        mix_probability: RateSpec = 0.0,
-        max_mix_rate: float = 0.5,
         new_tokens_file: str | None = None,
-        pad_to_multiple_of: int = 8,
-        group_by_length: bool = True,
+        segmentation: SegmentationOptions = SegmentationOptions(),
+        masking: MaskingOptions = MaskingOptions(),
+        blocks: BlockOptions = BlockOptions(),
+        replay: ReplayOptions = ReplayOptions(),
+        streaming: StreamingOptions = StreamingOptions(),
         batch_size: int = 32,
         eval_batch_size: int | None = None,
         num_workers: int = 2,
         preprocessing_num_workers: int | None = None,
         seed: int = 42,
         cache_dir: str | None = None,
-        streaming: bool = False,
-        shuffle_buffer_size: int = 10_000,
-        streaming_validation_documents: int = 2_000,
-        forgetting: ForgettingOptions | None = None,
         prepared_dir: str | None = None,
+        forgetting: ForgettingOptions | None = None,
     ):
         super().__init__()
         self.save_hyperparameters()
-        self.forgetting = as_forgetting(forgetting)
-        # Plain values for checkpoints, and for the loggers' hparams.yaml (Lightning logs the initial ones).
-        self.hparams["forgetting"] = self._hparams_initial["forgetting"] = self.forgetting.plain()
-        self.masking_schedule, self.mix_schedule, self.validation_sets = check_arguments(
-            self.hparams, self.forgetting
+        # The groups, checked; a caller may give each as its mapping. Checkpoints and the loggers'
+        # hparams.yaml keep plain values: the CLI's config values, else the groups' (a Python caller's).
+        self.segmentation = as_options(SegmentationOptions, segmentation, "data.segmentation")
+        self.masking = as_options(MaskingOptions, masking, "data.masking")
+        self.blocks = as_options(BlockOptions, blocks, "data.blocks")
+        self.replay = as_options(ReplayOptions, replay, "data.replay")
+        self.streaming = as_options(StreamingOptions, streaming, "data.streaming")
+        self.forgetting = as_options(ForgettingOptions, forgetting, "forgetting")
+        groups = {
+            "segmentation": self.segmentation,
+            "masking": self.masking,
+            "blocks": self.blocks,
+            "replay": self.replay,
+            "streaming": self.streaming,
+            "forgetting": self.forgetting,
+        }
+        for name, group in groups.items():
+            given = self.hparams[name]
+            # Every option of the group: a caller's mapping may name only some.
+            recorded = {**plain(group), **given} if isinstance(given, Mapping) else plain(group)
+            self.hparams[name] = self._hparams_initial[name] = recorded
+        self.validation_sets = check_arguments(
+            self.hparams, self.blocks, self.masking, self.replay, self.streaming, self.forgetting
         )
         # Names of the validation sets, the primary one (logged as ``val/*``) first.
         self.validation_set_names = self.validation_sets.names
         # The setting is the config value, which LightningCLI keeps as the hyperparameter (the argument it
-        # passes is jsonargparse's unbuilt factory); Segmentation builds the segmenter from it per process.
-        self.segmenter = Segmentation(segmenter_setting(self.hparams.segmenter), hmm, user_dict, opencc)
+        # passes holds jsonargparse's unbuilt factory); Segmentation builds the segmenter from it per process.
+        seg = self.segmentation
+        setting = segmenter_setting(self.hparams["segmentation"]["segmenter"])
+        self.segmenter = Segmentation(setting, seg.hmm, seg.user_dict, seg.opencc)
         self.train_dataset: datasets.Dataset | None = None
         self.train_stream: StreamingCorpus | None = None
         self.val_dataset: datasets.Dataset | None = None
         self.val_datasets: dict[str, datasets.Dataset] = {}  # every set by name, ``val_dataset`` first
         self.test_dataset: datasets.Dataset | None = None
-        self.replay: Replay | None = None  # general blocks and the mix rate, with data.mix_files
+        self.replayer: Replay | None = None  # general blocks and the replay rate, with data.replay.files
         self._replay_state: dict | None = None  # a checkpoint's, until setup builds ``replay``
         # ``[first_step, replay settings]`` of each stretch of the run (a resume may change them).
-        self.replay_segments: list[list[Any]] = [[0, replay_settings(self.hparams, self.forgetting)]]
+        self.replay_segments: list[list[Any]] = [[0, replay_settings(self.replay, self.forgetting)]]
         self.corpus_stats: dict[str, int] = {}
 
     @cached_property
@@ -284,29 +244,29 @@ class MLMDataModule(L.LightningDataModule):
     @cached_property
     def collator(self) -> WholeWordMaskCollator:
         """Validation and test masks: whole words at ``eval_mlm_probability``, fixed whatever the training."""
-        return self._collator("whole_word", self.hparams.eval_mlm_probability)
+        return self._collator("whole_word", self.masking.eval_mlm_probability)
 
     @cached_property
     def train_collator(self) -> WholeWordMaskCollator:
-        """The training collator: ``data.masking`` units at the schedule's rate (the sampler attaches each
-        batch's rate when the schedule is not constant); the validation collator when it is the same."""
-        rate, masking = self.masking_schedule.initial_rate, self.hparams.masking
-        if masking == "whole_word" and rate == self.collator.mlm_probability:
+        """The training collator: ``data.masking.scheme`` units at the schedule's rate (the sampler attaches
+        each batch's rate when the schedule is not constant); the validation collator when it is the same."""
+        rate, scheme = self.masking.schedule.initial_rate, self.masking.scheme
+        if scheme == "whole_word" and rate == self.collator.mlm_probability:
             return self.collator
-        return self._collator(masking, rate)
+        return self._collator(scheme, rate)
 
-    def _collator(self, masking: MaskingScheme, rate: float) -> WholeWordMaskCollator:
+    def _collator(self, scheme: MaskingScheme, rate: float) -> WholeWordMaskCollator:
         hp = self.hparams
         return WholeWordMaskCollator(
             self.tokenizer,
             mlm_probability=rate,
-            mask_replace_prob=hp.mask_replace_prob,
-            random_replace_prob=hp.random_replace_prob,
-            pad_to_multiple_of=hp.pad_to_multiple_of,
+            mask_replace_prob=self.masking.mask_replace_prob,
+            random_replace_prob=self.masking.random_replace_prob,
+            pad_to_multiple_of=self.blocks.pad_to_multiple_of,
             seed=hp.seed,
-            masking=masking,
+            scheme=scheme,
             # Unpacked blocks hold one document each: nothing to separate.
-            document_attention=bool(hp.document_attention) and hp.packing,
+            document_attention=self.blocks.document_attention and self.blocks.packing,
         )
 
     def _read_files(
@@ -357,8 +317,8 @@ class MLMDataModule(L.LightningDataModule):
             with contextlib.suppress(MLMAdaptError):  # no validation split: hold one out below
                 splits[held_out], held_out = self._read_hub("validation", cache_dir), None
         splits.update(files)
-        if hp.mix_files:  # general text for replay: blocks of its own, drawn at sampling time
-            splits["mix"] = self._read_files("mix_files", cache_dir=cache_dir)
+        if self.replay.files:  # general text for replay: blocks of its own, drawn at sampling time
+            splits["mix"] = self._read_files("data.replay.files", self.replay.files, cache_dir)
         for split in splits:
             if len(splits[split]) == 0:
                 key = self.validation_sets.split_key(split)
@@ -372,7 +332,7 @@ class MLMDataModule(L.LightningDataModule):
             splits["train"], splits[held_out] = parts["train"], parts["test"]
         return datasets.DatasetDict(splits)
 
-    def blocks(self, documents: AnyDataset, features: datasets.Features = BLOCK_FEATURES) -> AnyDataset:
+    def make_blocks(self, documents: AnyDataset, features: datasets.Features = BLOCK_FEATURES) -> AnyDataset:
         """The second step: every split (or a stream) segmented, tokenized with word ids and packed into
         blocks (:func:`~mlm_adapt.data.preprocess.to_blocks`)."""
         hp = self.hparams
@@ -381,8 +341,8 @@ class MLMDataModule(L.LightningDataModule):
             self.tokenizer,
             self.segmenter,
             hp.max_seq_length,
-            hp.packing,
-            document_delimiters=hp.document_attention,
+            self.blocks.packing,
+            document_delimiters=self.blocks.document_attention,
             features=features,
             num_proc=hp.preprocessing_num_workers,
         )
@@ -396,26 +356,26 @@ class MLMDataModule(L.LightningDataModule):
         if self.hparams.prepared_dir:
             return  # segmented and tokenized by ``prepare``: nothing to do on any node
         self.segmenter("预热")  # builds jieba's dictionary cache once per node; ranks and workers load it
-        if self.hparams.streaming:
+        if self.streaming.enabled:
             return
         cache = Path(self.hparams.cache_dir or datasets.config.HF_DATASETS_CACHE).absolute()
         cache.mkdir(parents=True, exist_ok=True)
         with locked(cache / PREPROCESS_LOCK, "data.cache_dir", f"the preprocessing in {cache}", wait=True):
-            self.blocks(self.documents())
+            self.make_blocks(self.documents())
 
     @override
     def setup(self, stage: str | None = None) -> None:
         if self.train_dataset is not None or self.train_stream is not None:
             return
-        if self.hparams.streaming:
+        if self.streaming.enabled:
             self._setup_streaming()
             return
         if self.hparams.prepared_dir:
             self._setup_prepared()
             return
         raw = self.documents()
-        warn_overlap(raw, self.validation_sets, self.hparams.train_files, self.hparams.mix_files)
-        blocks = self.blocks(raw)
+        warn_overlap(raw, self.validation_sets, self.hparams.train_files, self.replay.files)
+        blocks = self.make_blocks(raw)
         self._check_maskable(blocks["train"])
         self.train_dataset = blocks["train"]
         self._set_eval_datasets(blocks)
@@ -425,7 +385,7 @@ class MLMDataModule(L.LightningDataModule):
         self.corpus_stats = corpus_stats(counts, self.validation_sets.splits)
         rank_zero_info(
             f"mlm_adapt data: {describe_stats(self.corpus_stats)}"
-            + f" (max_seq_length {self.hparams.max_seq_length}, packing {self.hparams.packing})"
+            + f" (max_seq_length {self.hparams.max_seq_length}, packing {self.blocks.packing})"
         )
 
     def _check_maskable(self, train: datasets.Dataset) -> None:
@@ -441,7 +401,7 @@ class MLMDataModule(L.LightningDataModule):
 
     def _setup_prepared(self) -> None:
         """``setup`` from ``prepared_dir``: memory-maps the shards after checking the manifest's settings."""
-        blocks, manifest = load_prepared(self.hparams, self.tokenizer, self.validation_sets)
+        blocks, manifest = load_prepared(self)
         self._check_maskable(blocks["train"])
         self.train_dataset = blocks["train"]
         self._set_eval_datasets(blocks)
@@ -456,8 +416,8 @@ class MLMDataModule(L.LightningDataModule):
         fraction = hp.validation_split if held_out else 0.0
         self.train_stream = StreamingCorpus(documents, fraction, hp.seed, files)
         if held_out:
-            splits[held_out] = self.train_stream.validation_documents(hp.streaming_validation_documents)
-        blocks = self.blocks(datasets.DatasetDict(splits))
+            splits[held_out] = self.train_stream.validation_documents(self.streaming.validation_documents)
+        blocks = self.make_blocks(datasets.DatasetDict(splits))
         self._set_eval_datasets(blocks)
         self.corpus_stats = {
             "validation_documents": len(splits["validation"]),
@@ -474,15 +434,17 @@ class MLMDataModule(L.LightningDataModule):
         self.val_dataset = next(iter(self.val_datasets.values()))
         self.test_dataset = blocks.get("test", self.val_dataset)
         if "mix" in blocks:
-            hp = self.hparams
             budget = self.forgetting.budget
-            if max(rate for _, rate in self.mix_schedule.points) == 0 and budget is None:
+            if max(rate for _, rate in self.replay.schedule.points) == 0 and budget is None:
                 rank_zero_warn(IDLE_REPLAY)
-            self.replay = Replay(
-                KeyedDataset(blocks["mix"]).blocks, self.mix_schedule, budget, hp.max_mix_rate
+            self.replayer = Replay(
+                KeyedDataset(blocks["mix"]).blocks,
+                self.replay.schedule,
+                budget,
+                self.forgetting.max_replay_rate,
             )
             if self._replay_state is not None:
-                self.replay.load_state_dict(self._replay_state)
+                self.replayer.load_state_dict(self._replay_state)
 
     def _loader(
         self, dataset: Dataset, batch_size: int, sampler=None, stateful: bool = False, collator=None
@@ -506,17 +468,19 @@ class MLMDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         hp, trainer = self.hparams, self.trainer
         world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        if hp.streaming:
+        if self.streaming.enabled:
             if trainer is not None and trainer.max_steps < 0:
                 raise MLMAdaptError(
-                    "trainer.max_steps: set it when data.streaming is true (a stream has no length)"
+                    "trainer.max_steps: set it when data.streaming.enabled is true (a stream has no length)"
                 )
-            blocks = self.train_stream.rank_blocks(rank, world_size, hp.shuffle_buffer_size, self.blocks)
+            blocks = self.train_stream.rank_blocks(
+                rank, world_size, self.streaming.shuffle_buffer_size, self.make_blocks
+            )
             return self._loader(blocks, hp.batch_size, stateful=True, collator=self.train_collator)
-        grouped = hp.group_by_length and not hp.packing
+        grouped = self.blocks.group_by_length and not self.blocks.packing
         sampler = train_sampler(self.train_dataset, world_size, rank, hp.seed, grouped, hp.batch_size)
-        if not self.masking_schedule.constant:
-            sampler.mask_rates = MaskRates(self.masking_schedule, hp.batch_size, self._stepping)
+        if not self.masking.schedule.constant:
+            sampler.mlm_probabilities = ScheduledRates(self.masking.schedule, hp.batch_size, self._stepping)
         dataset = KeyedDataset(self.train_dataset)
         return self._loader(dataset, hp.batch_size, sampler, stateful=True, collator=self.train_collator)
 
@@ -529,18 +493,18 @@ class MLMDataModule(L.LightningDataModule):
         # rate after every forgetting check before s, whatever the workers prefetched (data/replay.py).
         trainer = self.trainer
         collated = isinstance(batch, dict) and "example_keys" in batch  # not e.g. the model summary's input
-        if self.replay is None or trainer is None or not trainer.training or not collated:
+        if self.replayer is None or trainer is None or not trainer.training or not collated:
             return batch
         return self.with_replay(batch, trainer.global_step, int(trainer.estimated_stepping_batches))
 
     def with_replay(self, batch: dict[str, torch.Tensor], step: int, total: int) -> dict[str, torch.Tensor]:
         """A training batch as optimizer step ``step`` of ``total`` gets it: general blocks replayed into the
         rows drawn at that step's rate (``replayed`` marks them)."""
-        rate = self.replay.rate(step, total)
-        schedule = self.masking_schedule
-        mask_rate = None if schedule.constant else schedule.rate_at_step(step, total)
+        rate = self.replayer.rate(step, total)
+        schedule = self.masking.schedule
+        mlm_probability = None if schedule.constant else schedule.rate_at_step(step, total)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        return self.replay.mix(batch, rate, self.train_collator, pad, mask_rate)
+        return self.replayer.mix(batch, rate, self.train_collator, pad, mlm_probability)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -549,8 +513,8 @@ class MLMDataModule(L.LightningDataModule):
             "replay_segments": self.replay_segments,
             "step": int(trainer.global_step) if trainer is not None else 0,
         }
-        if self.replay is not None:
-            state["replay"] = self.replay.state_dict()
+        if self.replayer is not None:
+            state["replay"] = self.replayer.state_dict()
         return state
 
     @override
@@ -562,12 +526,12 @@ class MLMDataModule(L.LightningDataModule):
         segments = state_dict["replay_segments"]
         self.replay_segments = self._resumed_segments(segments, state_dict["step"], replay_state)
         self._replay_state = replay_state
-        if self.replay is not None and replay_state is not None:
-            self.replay.load_state_dict(replay_state)
+        if self.replayer is not None and replay_state is not None:
+            self.replayer.load_state_dict(replay_state)
 
     def _resumed_segments(self, segments: list[list[Any]], step: int, replay_state: Any) -> list[list[Any]]:
         """``segments`` with one more from ``step`` when this run's replay settings differ from the last."""
-        current = replay_settings(self.hparams, self.forgetting)
+        current = replay_settings(self.replay, self.forgetting)
         line = resume_line(step, segments[-1][1], current, bool((replay_state or {}).get("checks")))
         if line is None or (self.trainer is not None and self.trainer.state.fn != "fit"):
             return segments  # validate/test read the weights only: no segment of training
@@ -577,7 +541,7 @@ class MLMDataModule(L.LightningDataModule):
     def replay_report(self, until_step: int | None = None) -> dict[str, Any]:
         """:func:`~mlm_adapt.data.replay.replay_summary` of this run: its replay state and segments, up to
         the weights of ``until_step`` when given."""
-        state = self.replay.state_dict() if self.replay is not None else None
+        state = self.replayer.state_dict() if self.replayer is not None else None
         return replay_summary(state, self.replay_segments, until_step)
 
     def _eval_batch_size(self) -> int:

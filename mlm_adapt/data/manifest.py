@@ -20,14 +20,14 @@ from typing import Any
 import pyarrow as pa
 from transformers import PreTrainedTokenizerBase
 
-from mlm_adapt.data.validation_sets import ValidationSets
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.secrets import withhold
 from mlm_adapt.text.tokenizer import read_new_tokens
 
 # 2: document attention and the OpenCC conversion are settings, the test files are recorded.
 # 3: a part records the fingerprint of the whole corpus and settings (``part.corpus``).
-FORMAT_VERSION = 3
+# 4: the replay files are recorded under ``replay`` (was ``mix``), as the option group is named.
+FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
 # The tokenizer files that decide tokenization (model weights and configs do not).
 TOKENIZER_FILES = (
@@ -73,27 +73,31 @@ def file_hash(path: str | None) -> str | None:
     return _digest([Path(path).read_bytes()]) if path else None
 
 
-def prepared_settings(hp: Any, tokenizer: PreTrainedTokenizerBase, sets: ValidationSets) -> dict:
-    """The settings a prepared directory's blocks depend on, from an ``MLMDataModule``'s hyper-parameters,
-    tokenizer and validation sets."""
+def prepared_settings(datamodule: Any) -> dict:
+    """The settings a prepared directory's blocks depend on, from an ``MLMDataModule``: its options, its
+    tokenizer and its validation sets."""
+    hp, tokenizer, sets = datamodule.hparams, datamodule.tokenizer, datamodule.validation_sets
+    blocks, segmentation = datamodule.blocks, datamodule.segmentation
+    segmenter = datamodule.segmenter  # the setting it was built from (a Python caller's object: its name)
+    replay_files = datamodule.replay.files
     added = read_new_tokens(hp.new_tokens_file) if hp.new_tokens_file else []
     added_tokens = {"count": len(added), "hash": _digest([t.encode() for t in added])}
     name = hp.tokenizer_name_or_path
     return {
         "tokenizer": {"name": name, "hash": tokenizer_hash(name, tokenizer, added)},
         "max_seq_length": hp.max_seq_length,
-        "packing": hp.packing,
-        "document_attention": bool(hp.document_attention) and hp.packing,
+        "packing": blocks.packing,
+        "document_attention": blocks.document_attention and blocks.packing,
         # A secret init argument (an API key) sets no word: not recorded, and rotating it is no change.
-        "segmenter": {"backend": withhold(hp.segmenter), "hmm": hp.hmm},
-        "opencc": hp.opencc,
-        "user_dict": file_hash(hp.user_dict),
+        "segmenter": {"backend": withhold(segmenter.spec or segmenter.name), "hmm": segmentation.hmm},
+        "opencc": segmentation.opencc,
+        "user_dict": file_hash(segmentation.user_dict),
         "added_tokens": added_tokens if added else None,
         "validation_sets": list(sets.names),
         # The held-out split is drawn with the seed: another seed means other blocks.
         "held_out_split": {"fraction": hp.validation_split, "seed": hp.seed} if sets.held_out_split else None,
         # General text for replay is its own split (``mix``); the rate is drawn at sampling time.
-        "mix": {"files": [Path(f).name for f in hp.mix_files]} if hp.mix_files else None,
+        "replay": {"files": [Path(f).name for f in replay_files]} if replay_files else None,
     }
 
 

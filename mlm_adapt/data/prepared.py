@@ -20,7 +20,6 @@ from typing import Any
 
 import datasets
 import pyarrow as pa
-from transformers import PreTrainedTokenizerBase
 
 from mlm_adapt.data.corpus_statistics import documents_fingerprint, split_counts
 from mlm_adapt.data.loader_state import blocks_fingerprint
@@ -38,7 +37,6 @@ from mlm_adapt.data.manifest import (
 )
 from mlm_adapt.data.preprocess import block_features, share
 from mlm_adapt.data.progress import Progress
-from mlm_adapt.data.validation_sets import ValidationSets
 from mlm_adapt.errors import MLMAdaptError, exception_line
 from mlm_adapt.guard.outputs import Output, write_directory
 
@@ -149,10 +147,11 @@ def prepare_corpus(
     prepared again (replaced at the end) when only the corpus changed, and refused when its settings differ
     or it is another task's. The directory must not be, hold or lie inside ``inputs``.
     """
-    hp, tokenizer, sets = datamodule.hparams, datamodule.tokenizer, datamodule.validation_sets
-    if hp.streaming:
-        raise MLMAdaptError("data.streaming: prepare writes the whole corpus; set data.streaming=false")
-    settings = prepared_settings(hp, tokenizer, sets)
+    if datamodule.streaming.enabled:
+        raise MLMAdaptError(
+            "data.streaming.enabled: prepare writes the whole corpus; set data.streaming.enabled=false"
+        )
+    settings = prepared_settings(datamodule)
     target, earlier = Path(directory).absolute(), None
     if shard is not None:
         _check_target(target, parts=shard[1])
@@ -206,7 +205,9 @@ def _write_prepared(
     # The shards' narrow types from the start: the map writes half the bytes and the shards need no cast.
     features = block_features(len(tokenizer), hp.max_seq_length)
     with progress.phase(f"segmenting, tokenizing and packing ({workers} process{'es' * (workers > 1)})"):
-        blocks = datamodule.blocks(datasets.DatasetDict({k: d for k, d in raw.items() if len(d)}), features)
+        blocks = datamodule.make_blocks(
+            datasets.DatasetDict({k: d for k, d in raw.items() if len(d)}), features
+        )
     # A task's share of a small split can be empty (datasets cannot map an empty dataset).
     empty = datasets.Dataset.from_dict({"input_ids": [], "word_ids": []}, features=features)
     blocks = datasets.DatasetDict({split: blocks.get(split, empty) for split in raw})
@@ -247,13 +248,12 @@ def _open_shard(directory: Path, shard: dict) -> datasets.Dataset:
         ) from None
 
 
-def load_prepared(
-    hparams: Any, tokenizer: PreTrainedTokenizerBase, sets: ValidationSets
-) -> tuple[datasets.DatasetDict, dict]:
+def load_prepared(datamodule: Any) -> tuple[datasets.DatasetDict, dict]:
     """An ``MLMDataModule``'s ``prepared_dir`` (checked against its settings), memory-mapped: the blocks by
     split and the manifest (of a ``--shard`` prepare: the counts summed over its parts)."""
+    hparams = datamodule.hparams
     path = Path(hparams.prepared_dir)
-    settings = prepared_settings(hparams, tokenizer, sets)
+    settings = prepared_settings(datamodule)
     directories = _part_directories(path)
     manifests = [checked_manifest(directory, settings) for directory in directories]
     if directories != [path]:

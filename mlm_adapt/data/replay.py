@@ -1,13 +1,14 @@
 """General-text replay at sampling time, and the controller that holds forgetting to a budget.
 
-Replay (``data.mix_files``) keeps the general text as its own blocks; every training slot (one example of one
-batch) takes a general block instead of its domain block with the step's *mix rate*. Which slots do, and
+Replay (``data.replay.files``) keeps the general text as its own blocks; every training slot (one example of
+one batch) takes a general block instead of its domain block with the step's *replay rate*. Which slots do,
+and
 which block each takes, is a pure function of the slot's masking key (:mod:`mlm_adapt.masking.collator`): the
 same on every rank and worker layout and after an exact resume, like the masks. The draw happens in the main
 process right before the step (``MLMDataModule.on_before_batch_transfer``), not in the sampler or the
 workers, which run batches ahead: the rate of step ``s`` is the rate after every check up to ``s``.
 
-The rate is fixed (``data.mix_probability``) or moved by :meth:`Replay.update` after each forgetting check
+The rate is fixed (``data.replay.rate``) or moved by :meth:`Replay.update` after each forgetting check
 (``forgetting.budget``): ``rate <- clip(rate + GAIN * (rise - TARGET * budget) / budget, 0, max_rate)``,
 each change at most ``MAX_CHANGE``, the integral controller of docs/training.md.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import datasets
@@ -28,7 +30,7 @@ from mlm_adapt.data.forgetting import ForgettingOptions
 from mlm_adapt.data.samplers import keyed_item
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.masking.collator import key_array, mix32
-from mlm_adapt.masking.schedule import MaskingSchedule, RateSpec, parse_schedule
+from mlm_adapt.masking.schedule import RateSchedule, RateSpec, parse_schedule
 
 # Salts of the two draws per slot: whether it replays, and which general block it takes.
 _REPLAY_SALT = np.uint32(0x5EED_6E01)
@@ -48,28 +50,49 @@ MAX_CHANGE = 0.2
 # from the checkpoint's rate and baseline.
 REPLAY_SETTINGS = (
     "forgetting.budget",
-    "data.mix_probability",
-    "data.max_mix_rate",
-    "data.mix_files",
+    "data.replay.rate",
+    "forgetting.max_replay_rate",
+    "data.replay.files",
     "forgetting.check_interval",
     "forgetting.check_batches",
 )
 
 # General text read for nothing: a warning when the blocks are set up.
 IDLE_REPLAY = (
-    "mlm_adapt: data.mix_files is read, segmented and packed, but nothing of it is replayed: "
-    "data.mix_probability is 0 and forgetting.budget is unset; set one of them (e.g. "
-    "data.mix_probability: 0.1 or forgetting.budget: 0.2), or drop data.mix_files"
+    "mlm_adapt: data.replay.files is read, segmented and packed, but nothing of it is replayed: "
+    "data.replay.rate is 0 and forgetting.budget is unset; set one of them (e.g. "
+    "data.replay.rate: 0.1 or forgetting.budget: 0.2), or drop data.replay.files"
 )
 
 # What padding holds in each per-token column of a collated batch.
 _PAD = {"attention_mask": 0, "word_ids": -1, "labels": -100, "document_ids": -1, "position_ids": 0}
 
 
-def parse_mix_rate(value: RateSpec) -> MaskingSchedule:
-    """``data.mix_probability``: a rate in [0, 1) or ``[[fraction_of_training, rate], ...]`` points."""
-    example = "e.g. 0.2 or [[0.0, 0.1], [1.0, 0.3]]"
-    return parse_schedule(value, "data.mix_probability", zero_allowed=True, example=example)
+@dataclass(kw_only=True, frozen=True)
+class ReplayOptions:
+    """General-domain text replayed during training to limit forgetting (``data.replay``; docs/training.md).
+
+    Args:
+        files: General-domain text files or globs, kept as blocks of their own.
+        rate: The replay rate: the fraction of training examples drawn from ``files`` (0: none), or
+            ``[fraction_of_training, rate]`` points; with ``forgetting.budget`` the starting rate (moved up
+            to ``forgetting.max_replay_rate``). Logged as ``train/replay_rate``.
+    """
+
+    files: list[str] | None = None
+    rate: RateSpec = 0.0
+
+    @cached_property
+    def schedule(self) -> RateSchedule:
+        """The replay rate over the run: a rate in [0, 1) or ``[[fraction_of_training, rate], ...]``."""
+        example = "e.g. 0.2 or [[0.0, 0.1], [1.0, 0.3]]"
+        return parse_schedule(self.rate, "data.replay.rate", zero_allowed=True, example=example)
+
+    def check(self) -> ReplayOptions:
+        """Refuses a bad rate, or a rate above 0 with no files, in one line; returns the options."""
+        if max(rate for _, rate in self.schedule.points) > 0 and not self.files:
+            raise MLMAdaptError("data.replay.rate > 0 needs data.replay.files (general-domain text files)")
+        return self
 
 
 def replayed_slots(keys: torch.Tensor, rate: float, n_general: int) -> tuple[np.ndarray, np.ndarray]:
@@ -125,11 +148,11 @@ class Check:
 
 @dataclass
 class Replay:
-    """The mix rate of every step (``data.mix_probability``; with ``forgetting.budget``, the starting
-    rate, moved up to ``data.max_mix_rate``), the draw of ``general`` blocks and the controller's state."""
+    """The replay rate of every step (``data.replay.rate``; with ``forgetting.budget``, the starting rate,
+    moved up to ``forgetting.max_replay_rate``), the draw of ``general`` blocks and the controller's state."""
 
     general: datasets.Dataset
-    schedule: MaskingSchedule
+    schedule: RateSchedule
     budget: float | None = None
     max_rate: float = 0.5
     controlled_rate: float | None = None
@@ -141,7 +164,7 @@ class Replay:
             self.controlled_rate = self.schedule.initial_rate
 
     def rate(self, step: int, total_steps: int) -> float:
-        """The mix rate of optimizer step ``step``: the controller's, else the schedule's."""
+        """The replay rate of optimizer step ``step``: the controller's, else the schedule's."""
         if self.controlled_rate is not None:
             return self.controlled_rate
         return self.schedule.rate_at_step(step, total_steps)
@@ -152,22 +175,22 @@ class Replay:
         rate: float,
         collate: Callable[[Sequence[dict[str, Any]]], dict[str, torch.Tensor]],
         pad_token_id: int,
-        mask_rate: float | None = None,
+        mlm_probability: float | None = None,
     ) -> dict[str, torch.Tensor]:
         """Replaces the drawn rows of a batch of the training collator ``collate`` with general blocks
-        (masked at the step's ``mask_rate`` when it is scheduled, as the domain rows); adds ``mix_rate`` and
-        ``replayed`` (which rows are general blocks)."""
+        (masked at the step's ``mlm_probability`` when it is scheduled, as the domain rows); adds
+        ``replay_rate`` and ``replayed`` (which rows are general blocks)."""
         rows, indices = replayed_slots(batch["example_keys"], rate, len(self.general))
         replayed = torch.zeros(batch["input_ids"].shape[0], dtype=torch.bool)
         replayed[torch.from_numpy(rows)] = True
         if len(rows):
             slot_keys = key_array(batch["example_keys"])[rows].astype(np.int64)
             features = [
-                keyed_item(self.general[int(index)], GENERAL_EXAMPLE_ID + int(slot_key), 0, mask_rate)
+                keyed_item(self.general[int(index)], GENERAL_EXAMPLE_ID + int(slot_key), 0, mlm_probability)
                 for slot_key, index in zip(slot_keys, indices, strict=True)
             ]
             batch = replace_rows(batch, rows, collate(features), pad_token_id)
-        batch["mix_rate"] = torch.tensor(rate, dtype=torch.float32)
+        batch["replay_rate"] = torch.tensor(rate, dtype=torch.float32)
         batch["replayed"] = replayed
         return batch
 
@@ -221,7 +244,7 @@ class Replay:
         self.baseline = state["baseline"]
         self.checks = [Check(*check) for check in state["checks"]]
         if self.budget is None:
-            self.controlled_rate = None  # the schedule's rate from here (data.mix_probability)
+            self.controlled_rate = None  # the schedule's rate from here (data.replay.rate)
         elif state["rate"] is not None:
             self.controlled_rate = min(state["rate"], self.max_rate)
 
@@ -238,12 +261,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def replay_settings(hparams: Mapping[str, Any], forgetting: ForgettingOptions) -> dict[str, Any]:
-    """The run's :data:`REPLAY_SETTINGS` (from the data module's ``hparams`` and its ``forgetting``
-    options), as plain values: what a segment of the run replayed under."""
+def replay_settings(replay: ReplayOptions, forgetting: ForgettingOptions) -> dict[str, Any]:
+    """The run's :data:`REPLAY_SETTINGS` (its ``replay`` and ``forgetting`` options), as plain values: what a
+    segment of the run replayed under."""
     values = {
-        **{f"data.{name}": hparams.get(name) for name in ("mix_probability", "max_mix_rate", "mix_files")},
+        "data.replay.rate": replay.rate,
+        "data.replay.files": replay.files,
         "forgetting.budget": forgetting.budget,
+        "forgetting.max_replay_rate": forgetting.max_replay_rate,
         "forgetting.check_interval": forgetting.check_interval,
         "forgetting.check_batches": forgetting.check_batches,
     }
@@ -266,7 +291,7 @@ def resume_line(step: int, old: Mapping[str, Any], new: Mapping[str, Any], check
     if not changes:
         return None
     if new.get("forgetting.budget") is None:
-        effect = "no budget from here: the mix rate is data.mix_probability's"
+        effect = "no budget from here: the replay rate is data.replay.rate's"
     elif old.get("forgetting.budget") is None and not checked:
         effect = f"the budget's baseline is the check at step {step}, and rises are measured from there"
     else:
@@ -356,7 +381,7 @@ def describe_segments(segments: Sequence[Sequence[Any]]) -> str:
 
 
 def describe_replay(summary: dict[str, Any]) -> str:
-    """One line of a :func:`replay_summary` with a budget: ``mix rate 0 (step 0) -> 0.1 (step 20) -> ...;
+    """One line of a :func:`replay_summary` with a budget: ``replay rate 0 (step 0) -> 0.1 (step 20) -> ...;
     mean 0.12; general perplexity +14.0% over step 0 at the last check (step 200, 10 checks after step 0;
     budget +20%: held)``, or ``not measured`` when no check ran after the baseline."""
     steps = " -> ".join(f"{r:g} (step {s})" for s, r, _ in summary["trajectory"])
@@ -364,12 +389,12 @@ def describe_replay(summary: dict[str, Any]) -> str:
     if summary["held"] is None:
         line = (
             f"not measured: no check ran after the baseline at step {base} ({budget}; "
-            f"forgetting.check_interval is longer than the steps that followed); mix rate {steps}"
+            f"forgetting.check_interval is longer than the steps that followed); replay rate {steps}"
         )
     else:
         held = "held" if summary["held"] else "exceeded"
         line = (
-            f"mix rate {steps}; mean {summary['mean_rate']:.3f}; general perplexity "
+            f"replay rate {steps}; mean {summary['mean_rate']:.3f}; general perplexity "
             f"{summary['last_rise']:+.1%} over step {base} at the last check (step {summary['last_check']}, "
             f"{summary['checks']} check(s) after step {base}; {budget}: {held})"
         )

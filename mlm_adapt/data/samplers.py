@@ -13,20 +13,20 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 from typing_extensions import override
 
-from mlm_adapt.masking.schedule import ExampleKey, MaskRates
+from mlm_adapt.masking.schedule import ExampleKey, ScheduledRates
 
 
 class EpochSampler(DistributedSampler):
     """A ``DistributedSampler`` (Lightning calls its ``set_epoch`` and keeps it under DDP) that yields
     :class:`~mlm_adapt.masking.schedule.ExampleKey` s, so the collator draws new masks each epoch; with
-    ``mask_rates`` (a masking-rate schedule) each carries the rate of the step its batch feeds.
+    ``mlm_probabilities`` (a masking-rate schedule) each carries the rate of the step its batch feeds.
 
     Ranks take the epoch's global order in turn (rank ``r`` of ``W``: positions ``r, r + W, ...``), so the
     ``W`` batches ``i`` of a step are one contiguous slice of it, whatever ``W``. :meth:`resume_at` starts
     an epoch at a global position: a run resumed on another number of ranks continues the same order.
     """
 
-    mask_rates: MaskRates | None = None
+    mlm_probabilities: ScheduledRates | None = None
     _resume: tuple[int, int] | None = None  # (epoch, examples of it all ranks had drawn)
 
     def resume_at(self, epoch: int, consumed: int) -> None:
@@ -58,9 +58,9 @@ class EpochSampler(DistributedSampler):
 
     def _keyed(self, indices: Iterable[int]):
         epoch = self.epoch
-        if self.mask_rates is not None:
+        if self.mlm_probabilities is not None:
             full = self.total_size // self.num_replicas
-            return self.mask_rates.keyed(epoch, indices, full, self._consumed() // self.num_replicas)
+            return self.mlm_probabilities.keyed(epoch, indices, full, self._consumed() // self.num_replicas)
         return (ExampleKey(epoch, index) for index in indices)
 
     @override
@@ -131,7 +131,9 @@ class KeyedDataset(Dataset):
         return keyed_item(self.blocks[int(index)], index, epoch, rate)
 
 
-def keyed_item(row: dict[str, Any], example_id: int, epoch: int, mask_rate: float | None) -> dict[str, Any]:
+def keyed_item(
+    row: dict[str, Any], example_id: int, epoch: int, mlm_probability: float | None
+) -> dict[str, Any]:
     """A block row as the collator takes it: its masking key (and the masking rate of its step, if any)."""
     item = {
         "input_ids": row["input_ids"],
@@ -139,8 +141,8 @@ def keyed_item(row: dict[str, Any], example_id: int, epoch: int, mask_rate: floa
         "example_id": example_id,
         "epoch": epoch,
     }
-    if mask_rate is not None:
-        item["mask_rate"] = mask_rate
+    if mlm_probability is not None:
+        item["mlm_probability"] = mlm_probability
     return item
 
 

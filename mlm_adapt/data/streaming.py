@@ -1,4 +1,4 @@
-"""Streaming corpora (``data.streaming: true``): larger than memory or disk cache, never materialized.
+"""Streaming corpora (``data.streaming.enabled: true``): larger than memory or disk cache, never materialized.
 
 ``datasets``' own lazy pipeline: ``load_dataset(..., streaming=True)`` -> drop empty and held-out lines -> a
 disjoint part per rank -> ``shuffle`` (the rank's file order and a buffer, reseeded per pass) -> blocks by
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import datasets
@@ -23,6 +24,36 @@ from mlm_adapt.data.preprocess import is_non_empty
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.corpus import builder_options, file_error, text_only
 from mlm_adapt.text.files import BUILDERS, data_files, expand_files
+
+
+@dataclass(kw_only=True, frozen=True)
+class StreamingOptions:
+    """Streaming the training corpus (``data.streaming.enabled``): for corpora larger than memory or the disk
+    cache.
+
+    Args:
+        enabled: Stream the training corpus: nothing is cached, each rank reads a disjoint part, and
+            ``trainer.max_steps`` sets the length.
+        shuffle_buffer_size: Documents in the shuffle buffer (file order is shuffled too); 0 or 1: none.
+        validation_documents: Without ``data.validation_files``: how many held-out documents (a
+            ``data.validation_split`` fraction, chosen by a hash of the text) form the validation set.
+    """
+
+    enabled: bool = False
+    shuffle_buffer_size: int = 10_000
+    validation_documents: int = 2_000
+
+    def check(self) -> StreamingOptions:
+        """Refuses a negative buffer or no validation document in one line; returns the options."""
+        if self.shuffle_buffer_size < 0:
+            raise MLMAdaptError(
+                f"data.streaming.shuffle_buffer_size={self.shuffle_buffer_size} must be at least 0"
+            )
+        if self.validation_documents < 1:
+            raise MLMAdaptError(
+                f"data.streaming.validation_documents={self.validation_documents} must be at least 1"
+            )
+        return self
 
 
 def is_held_out(text: str, fraction: float, seed: int) -> bool:
@@ -52,7 +83,8 @@ def open_stream(hp: Any) -> tuple[datasets.IterableDataset, list[str]]:
     builders = {BUILDERS[f[f.rfind(".") :].lower()] for f in files}
     if len(builders) != 1:
         raise MLMAdaptError(
-            f"data.train_files: data.streaming needs files of one format, got {', '.join(sorted(builders))}"
+            "data.train_files: data.streaming.enabled needs files of one format, got "
+            f"{', '.join(sorted(builders))}"
         )
     try:
         builder = builders.pop()

@@ -108,7 +108,7 @@ def overlap_messages(
     train_key: str = "data.train_files",
 ) -> list[str]:
     """One line per validation set (``{config key: (expanded files, documents)}``) that overlaps the
-    training documents or their expanded files (under ``train_key``: ``data.mix_files`` for replay)."""
+    training documents or their expanded files (under ``train_key``: ``data.replay.files`` for replay)."""
     messages = []
     training_files = _resolved(train_files)
     seen: set[bytes] | None = None
@@ -138,7 +138,7 @@ def warn_overlap(
     raw: datasets.DatasetDict,
     sets: ValidationSets,
     train_files: list[str] | None,
-    mix_files: list[str] | None = None,
+    replay_files: list[str] | None = None,
 ) -> None:
     """Warns (rank 0, one line each) about the validation sets of ``raw`` (the loaded documents by split)
     that overlap the training data (``None`` files: a Hub dataset), the replayed general text included (a
@@ -151,23 +151,23 @@ def warn_overlap(
     }
     train = expand_files(train_files, "data.train_files") if train_files else []
     messages = overlap_messages(raw["train"], train, given)
-    if mix_files and "mix" in raw:
-        mix = expand_files(mix_files, "data.mix_files")
-        messages += overlap_messages(raw["mix"], mix, given, "data.mix_files")
+    if replay_files and "mix" in raw:
+        mix = expand_files(replay_files, "data.replay.files")
+        messages += overlap_messages(raw["mix"], mix, given, "data.replay.files")
         messages += replay_overlap_messages(raw["train"], train, raw["mix"], mix)
     for message in messages:
         rank_zero_warn(f"mlm_adapt: {message}")
 
 
 def replay_overlap_messages(
-    train: datasets.Dataset, train_files: Iterable[str], mix: datasets.Dataset, mix_files: Iterable[str]
+    train: datasets.Dataset, train_files: Iterable[str], mix: datasets.Dataset, replay_files: Iterable[str]
 ) -> list[str]:
-    """One line when the replayed ``data.mix_files`` share a file, or sampled documents, with the training
+    """One line when the replayed ``data.replay.files`` share a file, or sampled documents, with the training
     corpus: that replay trains on domain text as if it were general, and limits no forgetting."""
-    shared = sorted(str(f) for f in _resolved(mix_files) & _resolved(train_files))
+    shared = sorted(str(f) for f in _resolved(replay_files) & _resolved(train_files))
     if shared:
         return [
-            f"data.mix_files: {', '.join(shared)} is also training data (data.train_files): replay would "
+            f"data.replay.files: {', '.join(shared)} is also training data (data.train_files): replay would "
             "train on domain text as 'general' and limit no forgetting; give general-domain text"
         ]
     wanted = _digests(mix.select(range(min(len(mix), VALIDATION_SAMPLE)))["text"])
@@ -177,6 +177,6 @@ def replay_overlap_messages(
     if not found:
         return []
     return [
-        f"data.mix_files: {found} of {len(wanted)} sampled documents also occur in the training data "
+        f"data.replay.files: {found} of {len(wanted)} sampled documents also occur in the training data "
         "(data.train_files): that part of replay is domain text, not general; remove them from one side"
     ]

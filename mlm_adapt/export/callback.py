@@ -58,7 +58,14 @@ WHOLE_WEIGHTS = (SingleDeviceStrategy, DDPStrategy)
 # would be globbed as one of them. (The datasets cache is not an input: an export inside it is harmless, and
 # overwrite never replaces it, as it is no export.)
 _MODEL_INPUTS = ("model_name_or_path", "new_tokens_file")
-_DATA_INPUTS = ("train_files", "validation_files", "test_files", "mix_files", "user_dict", "prepared_dir")
+_DATA_INPUTS = (
+    "train_files",
+    "validation_files",
+    "test_files",
+    "replay.files",
+    "segmentation.user_dict",
+    "prepared_dir",
+)
 
 TASK_METRICS = {
     "sequence_classification": ("accuracy", "macro_f1"),
@@ -124,7 +131,9 @@ def hparams_inputs(
     sections = (("model", model_hparams, model_keys), ("data", data_hparams, _DATA_INPUTS))
     for section, hparams, keys in sections:
         for key in keys:
-            value = (hparams or {}).get(key)
+            value = hparams or {}
+            for part in key.split("."):  # a group's option: its mapping (or the config's namespace) holds it
+                value = value.get(part) if hasattr(value, "get") else None
             # A file, a list of files, or named validation sets ({name: [files]}).
             groups = list(value.values()) if isinstance(value, dict) else [value]
             values = [v for g in groups for v in ([g] if isinstance(g, str) else list(g or []))]

@@ -9,14 +9,17 @@ from typing import Any
 import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
-from mlm_adapt.data.forgetting import as_forgetting
-from mlm_adapt.data.replay import parse_mix_rate, segment_columns
+from mlm_adapt.data.forgetting import ForgettingOptions
+from mlm_adapt.data.replay import ReplayOptions, segment_columns
 from mlm_adapt.export.merge import CURVE_FILENAME
 from mlm_adapt.guard.secrets import WITHHELD, withhold
 from mlm_adapt.masking.collator import SCHEME_DESCRIPTIONS
-from mlm_adapt.masking.schedule import parse_schedule
+from mlm_adapt.masking.options import MaskingOptions
 from mlm_adapt.model.loading import HEAD_PARTIAL, HEAD_UNTRAINED
 from mlm_adapt.model.metrics import before_after_names, validation_prefix
+from mlm_adapt.options import as_options
+from mlm_adapt.text.blocks import BlockOptions
+from mlm_adapt.text.segmentation import SegmentationOptions
 
 CONFIG_FILENAME = "training_config.yaml"
 # The Hub tags every export gets; the model family's and the masking scheme's are added (run_tags).
@@ -88,9 +91,17 @@ def val_metrics_at(
     return (dict(history[steps[-1]]), steps[-1]) if steps else ({}, None)
 
 
+def _masking(data: dict[str, Any]) -> MaskingOptions:
+    return as_options(MaskingOptions, data.get("masking"), "data.masking")
+
+
+def _segmentation(data: dict[str, Any]) -> SegmentationOptions:
+    return as_options(SegmentationOptions, data.get("segmentation"), "data.segmentation")
+
+
 def masking_scheme(data: dict[str, Any]) -> str:
-    """The run's training masking scheme (``data.masking``; ``whole_word`` when not recorded)."""
-    return str(data.get("masking") or "whole_word")
+    """The run's training masking scheme (``data.masking.scheme``; ``whole_word`` when not recorded)."""
+    return _masking(data).scheme
 
 
 def run_tags(info: ExportInfo) -> list[str]:
@@ -103,7 +114,8 @@ def run_tags(info: ExportInfo) -> list[str]:
 
 
 def _segmenter(value: Any) -> str | None:
-    """``data.segmenter`` for the card: a name, or a class path with its init args, secrets withheld."""
+    """``data.segmentation.segmenter`` for the card: a name, or a class path with its init args, secrets
+    withheld."""
     if isinstance(value, dict) and "class_path" in value:
         init_args = withhold(value).get("init_args") or {}
         args = ", ".join(f"{k}={v if v == WITHHELD else repr(v)}" for k, v in init_args.items())
@@ -112,21 +124,20 @@ def _segmenter(value: Any) -> str | None:
     return None if value is None else f"`{value}`"
 
 
-def _user_dict(data: dict[str, Any]) -> str:
-    return f"`{data['user_dict']}`" if data.get("user_dict") else "none"
+def _user_dict(segmentation: SegmentationOptions) -> str:
+    return f"`{segmentation.user_dict}`" if segmentation.user_dict else "none"
 
 
 def _evaluation_masks(data: dict[str, Any]) -> str:
     """How validation is masked, said against how training was: the same only when it is."""
-    scheme = masking_scheme(data)
-    train, evaluation = data.get("mlm_probability"), data.get("eval_mlm_probability")
-    train_rate = None if train is None else parse_schedule(train)
-    same_rate = train_rate is not None and train_rate.constant and train_rate.initial_rate == evaluation
-    rate = f" at rate {evaluation:g}" if isinstance(evaluation, int | float) else ""
-    if scheme == "whole_word" and (same_rate or evaluation is None):
+    masking = _masking(data)
+    train_rate, evaluation = masking.schedule, masking.eval_mlm_probability
+    same_rate = train_rate.constant and train_rate.initial_rate == evaluation
+    rate = f" at rate {evaluation:g}"
+    if masking.scheme == "whole_word" and same_rate:
         return f"Validation masks whole words{rate}, as training did."
-    name = SCHEME_DESCRIPTIONS.get(scheme, (scheme, ""))[0]
-    training = f"{name} at {train_rate.describe()}" if train_rate is not None else name
+    name = SCHEME_DESCRIPTIONS.get(masking.scheme, (masking.scheme, ""))[0]
+    training = f"{name} at {train_rate.describe()}"
     return f"Validation masks whole words{rate} whatever the training, which used {training}."
 
 
@@ -184,17 +195,18 @@ def _training_settings(info: ExportInfo) -> list[tuple[str, Any]]:
 
 
 def _replay_rows(data: dict[str, Any], replay: dict[str, Any]) -> list[tuple[str, Any]]:
-    """The Corpus rows about general-text replay (``data.mix_files``), if the run replayed any."""
-    if not data.get("mix_files"):
+    """The Corpus rows about general-text replay (``data.replay.files``), if the run replayed any."""
+    options = as_options(ReplayOptions, data.get("replay"), "data.replay")
+    if not options.files:
         return []
-    budget = as_forgetting(data.get("forgetting")).budget
+    budget = as_options(ForgettingOptions, data.get("forgetting"), "forgetting").budget
     if budget is None:
-        how = f" at mix rate {parse_mix_rate(data.get('mix_probability') or 0.0).describe()}"
+        how = f" at replay rate {options.schedule.describe()}"
     else:
-        how = f", mix rate set by forgetting.budget={budget}"
+        how = f", replay rate set by forgetting.budget={budget}"
     if "segments" in replay:
         how += " (the run's last segment: see Replay settings by segment)"
-    return [("general text replayed", _fmt(data["mix_files"]) + how)]
+    return [("general text replayed", _fmt(options.files) + how)]
 
 
 def _budget_lines(replay: dict[str, Any]) -> list[str]:
@@ -218,16 +230,17 @@ def _budget_lines(replay: dict[str, Any]) -> list[str]:
         return lines + [
             f"General-text replay was to keep the general validation perplexity within +{budget:.0%} of step "
             f"{base}, but no check ran after the baseline at step {base} ({why}): forgetting was not "
-            f"measured, and the budget is neither held nor exceeded. Mix rate {final:g}."
+            f"measured, and the budget is neither held nor exceeded. Replay rate {final:g}."
         ]
     held = "held" if replay["held"] else "was exceeded"
     lines += [
         f"General-text replay was steered to keep the general validation perplexity within +{budget:.0%} of "
         f"step {base}; {replay['checks']} check(s) ran after step {base}, the last at step "
-        f"{replay['last_check']}, where it was {replay['last_rise']:+.1%}: the budget {held}. Mean mix rate "
+        f"{replay['last_check']}, where it was {replay['last_rise']:+.1%}: the budget {held}. Mean replay "
+        "rate "
         f"{replay['mean_rate']:.3f}, final {final:g}.",
         "",
-        f"| step | general perplexity vs step {base} | mix rate from here |",
+        f"| step | general perplexity vs step {base} | replay rate from here |",
         "|---:|---:|---:|",
     ]
     return lines + [f"| {s} | {rise:+.1%} | {rate:g} |" for s, rate, rise in replay["trajectory"]]
@@ -321,7 +334,6 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     # model.pretrained false: the base's architecture and tokenizer, none of its weights.
     from_scratch = info.model_hparams.get("pretrained") is False
     data = info.data_hparams
-    rate = data.get("mlm_probability")  # a rate or a schedule's points
     metadata = ModelCardData(
         language="zh",
         license=info.license,
@@ -409,19 +421,20 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     corpus = [("training data", files), *_replay_rows(data, info.replay)]
     corpus += [("validation data", _validation_data(data))]
     corpus += [(k.replace("_", " "), v) for k, v in info.corpus_stats.items()]
-    jieba = data.get("segmenter", "rjieba") in JIEBA_SEGMENTERS
+    segmentation, options = _segmentation(data), _masking(data)
+    jieba = segmentation.segmenter in JIEBA_SEGMENTERS
     masking = [
         ("masking", f"{scheme} ({unit}); validation masks whole words whatever the training scheme"),
-        ("segmenter", _segmenter(data.get("segmenter"))),
-        ("segmented through OpenCC", data.get("opencc")),  # Traditional text, Simplified segmentation
-        ("jieba HMM", data.get("hmm") if jieba else None),
-        ("user dictionary", _user_dict(data) if jieba else None),
-        ("mlm_probability", None if rate is None else parse_schedule(rate).describe()),
-        ("eval_mlm_probability (validation masks)", data.get("eval_mlm_probability")),
-        ("mask_replace_prob ([MASK])", data.get("mask_replace_prob")),
-        ("random_replace_prob (random token)", data.get("random_replace_prob")),
+        ("segmenter", _segmenter(segmentation.segmenter)),
+        ("segmented through OpenCC", segmentation.opencc),  # Traditional text, Simplified segmentation
+        ("jieba HMM", segmentation.hmm if jieba else None),
+        ("user dictionary", _user_dict(segmentation) if jieba else None),
+        ("mlm_probability", options.schedule.describe()),
+        ("eval_mlm_probability (validation masks)", options.eval_mlm_probability),
+        ("mask_replace_prob ([MASK])", options.mask_replace_prob),
+        ("random_replace_prob (random token)", options.random_replace_prob),
         ("max_seq_length", data.get("max_seq_length", info.model_hparams.get("max_seq_length"))),
-        ("packing", data.get("packing")),
+        ("packing", as_options(BlockOptions, data.get("blocks"), "data.blocks").packing),
     ]
     for heading, rows in (("Corpus", corpus), ("Masking", masking), ("Training", _training_settings(info))):
         shown = [(k, v) for k, v in rows if v is not None]

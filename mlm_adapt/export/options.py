@@ -33,7 +33,7 @@ class ExportOptions:
         license: License identifier in the model card.
         tags: Hub tags in the model card; default: the model's family (bert, xlm-roberta, ...), fill-mask,
             chinese, domain-adaptation, mlm_adapt and the masking scheme's (whole-word-masking unless
-            data.masking is token).
+            data.masking.scheme is token).
         push_to_hub: Upload the directory to the Hub (token from HF_TOKEN or `hf auth login`, never printed).
         repo_id: Hub repository NAME or ORG/NAME; required with push_to_hub.
         private: Create the Hub repository as private.

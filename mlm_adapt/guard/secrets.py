@@ -45,8 +45,8 @@ def withhold(value: Any, in_args: bool = False) -> Any:
 
 
 def secret_setting(name: str) -> bool:
-    """Whether a dotted setting (``data.segmenter.init_args.api_key``) is, or lies in, a secret init
-    argument."""
+    """Whether a dotted setting (``data.segmentation.segmenter.init_args.api_key``) is, or lies in, a secret
+    init argument."""
     parts = name.split(".")
     args = [i for i, part in enumerate(parts) if part in ARGS_KEYS]
     return bool(args) and any(is_secret(part) for part in parts[args[0] + 1 :])

@@ -212,16 +212,17 @@ def whole_word_mask(
 def check_probabilities(mlm_probability: float, mask_replace_prob: float, random_replace_prob: float) -> None:
     """Raises :class:`MLMAdaptError` naming the config key when a masking probability is out of range."""
     if not 0.0 < mlm_probability < 1.0:
-        raise MLMAdaptError(f"data.mlm_probability={mlm_probability} must be in (0, 1), e.g. 0.15")
+        raise MLMAdaptError(f"data.masking.mlm_probability={mlm_probability} must be in (0, 1), e.g. 0.15")
     for key, value in (
         ("mask_replace_prob", mask_replace_prob),
         ("random_replace_prob", random_replace_prob),
     ):
         if not 0.0 <= value <= 1.0:
-            raise MLMAdaptError(f"data.{key}={value} must be in [0, 1]")
+            raise MLMAdaptError(f"data.masking.{key}={value} must be in [0, 1]")
     if mask_replace_prob + random_replace_prob > 1.0:
         raise MLMAdaptError(
-            f"data.mask_replace_prob + data.random_replace_prob = {mask_replace_prob + random_replace_prob}"
+            "data.masking.mask_replace_prob + data.masking.random_replace_prob = "
+            f"{mask_replace_prob + random_replace_prob}"
             " exceeds 1; lower one of them (default 0.8 / 0.1)"
         )
 
@@ -232,12 +233,12 @@ class WholeWordMaskCollator:
     Args:
         tokenizer: The model's tokenizer (needs a mask token).
         mlm_probability: Expected fraction of maskable tokens to predict; an example carrying a
-            ``mask_rate`` (set by a masking-rate schedule) is masked at that rate instead.
+            ``mlm_probability`` (set by a masking-rate schedule) is masked at that rate instead.
         mask_replace_prob: Fraction of selected words replaced by ``[MASK]``.
         random_replace_prob: Fraction of selected words replaced by random ordinary tokens.
         pad_to_multiple_of: Pad the batch length up to a multiple of this (tensor-core friendly); 1 for none.
         seed: Seed of the masking hash.
-        masking: Masking unit: ``whole_word`` (jieba words), ``ngram`` (spans of 1-4 words) or ``token``
+        scheme: Masking unit: ``whole_word`` (jieba words), ``ngram`` (spans of 1-4 words) or ``token``
             (single tokens, the character-masking ablation); see the module docstring. The batch's
             ``word_ids`` stay the jieba word ids whatever the unit.
         document_attention: Add ``document_ids`` (``-1`` on padding) and ``position_ids`` restarting at
@@ -253,7 +254,7 @@ class WholeWordMaskCollator:
         random_replace_prob: float = 0.1,
         pad_to_multiple_of: int = 8,
         seed: int = 0,
-        masking: MaskingScheme = "whole_word",
+        scheme: MaskingScheme = "whole_word",
         document_attention: bool = False,
     ):
         if tokenizer.mask_token_id is None:
@@ -262,9 +263,9 @@ class WholeWordMaskCollator:
                 "masked-LM adaptation needs a BERT-style tokenizer with [MASK]"
             )
         check_probabilities(mlm_probability, mask_replace_prob, random_replace_prob)
-        if masking not in get_args(MaskingScheme):
+        if scheme not in get_args(MaskingScheme):
             raise MLMAdaptError(
-                f"data.masking={masking!r} is not a masking scheme; "
+                f"data.masking.scheme={scheme!r} is not a masking scheme; "
                 f"use one of {', '.join(get_args(MaskingScheme))}"
             )
         self.mask_token_id = tokenizer.mask_token_id
@@ -280,7 +281,7 @@ class WholeWordMaskCollator:
         self.random_replace_prob = random_replace_prob
         self.pad_to_multiple_of = max(1, pad_to_multiple_of)
         self.seed = seed
-        self.masking = masking
+        self.scheme = scheme
         self.document_attention = document_attention
         self.block_start_id = block_special_ids(tokenizer)[0] if document_attention else None
         self._unkeyed_calls = 0
@@ -326,15 +327,16 @@ class WholeWordMaskCollator:
         return {"document_ids": document_ids, "position_ids": position_ids}
 
     def rates(self, features: Sequence[dict[str, Any]]) -> float | torch.Tensor:
-        """The masking rate: ``mlm_probability``, or a ``(B, 1)`` tensor of the examples' ``mask_rate``."""
-        if not any("mask_rate" in f for f in features):
+        """The masking rate: ``mlm_probability``, or a ``(B, 1)`` tensor of the examples' own
+        ``mlm_probability``."""
+        if not any("mlm_probability" in f for f in features):
             return self.mlm_probability
-        rates = [float(f.get("mask_rate", self.mlm_probability)) for f in features]
+        rates = [float(f.get("mlm_probability", self.mlm_probability)) for f in features]
         return torch.tensor(rates, dtype=torch.float32)[:, None]
 
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Collates examples with ``input_ids``, ``word_ids`` and optionally ``example_id``, ``epoch``,
-        ``mask_rate``; adds each row's ``maskable_tokens`` (the realized rate's denominator) and masking
+        ``mlm_probability``; adds each row's ``maskable_tokens`` (the realized rate's denominator) and masking
         ``example_keys`` (which also decide general-text replay, :mod:`mlm_adapt.data.replay`)."""
         batch = self.pad(features)
         keys = self.keys(features)
@@ -346,7 +348,7 @@ class WholeWordMaskCollator:
             batch.update(self.documents(batch["input_ids"], batch["word_ids"], batch["attention_mask"]))
         batch["input_ids"], batch["labels"] = whole_word_mask(
             batch["input_ids"],
-            masking_units(batch["word_ids"], keys, self.masking),
+            masking_units(batch["word_ids"], keys, self.scheme),
             keys,
             mask_token_id=self.mask_token_id,
             random_token_ids=self.random_token_ids,

@@ -1,15 +1,16 @@
-"""The masking rate, from the config to each example: ``data.mlm_probability`` as a rate or a schedule.
+"""The masking rate, from the config to each example: ``data.masking.mlm_probability`` as a rate or a
+schedule.
 
-1. :func:`parse_schedule` reads ``data.mlm_probability`` (a rate, or piecewise-linear
-   ``[fraction_of_training, rate]`` points) into a :class:`MaskingSchedule`, once, when the DataModule is
+1. :func:`parse_schedule` reads ``data.masking.mlm_probability`` (a rate, or piecewise-linear
+   ``[fraction_of_training, rate]`` points) into a :class:`RateSchedule`, once, when the DataModule is
    built.
 2. The training sampler (``mlm_adapt.data.samplers.EpochSampler``, in the main process) knows each
    example's position in the epoch, hence the optimizer step its batch feeds (:class:`Stepping`, from
-   :func:`trainer_stepping`); under a schedule that is not constant, :class:`MaskRates` turns each
+   :func:`trainer_stepping`); under a schedule that is not constant, :class:`ScheduledRates` turns each
    position into an :class:`ExampleKey` carrying the rate of that step.
-3. ``KeyedDataset`` passes the key's ``mask_rate`` on with the example, and the collator (in a DataLoader
-   worker) masks each example at its own rate; a constant schedule needs no key.
-4. The module logs the realized rate as ``train/mask_rate``.
+3. ``KeyedDataset`` passes the key's ``mlm_probability`` on with the example, and the collator (in a
+   DataLoader worker) masks each example at its own rate; a constant schedule needs no key.
+4. The module logs the realized rate as ``train/mlm_probability``.
 
 The rate of a batch is therefore a function of the fraction of the run's optimizer steps done when it
 feeds a step, nothing else: every DDP rank, every worker layout and a resumed run (the
@@ -32,9 +33,9 @@ _EXAMPLE = "e.g. 0.15 or [[0.0, 0.30], [1.0, 0.15]]"
 
 
 @dataclass(frozen=True)
-class MaskingSchedule:
-    """A masking rate over training: ``points`` of ``(fraction_of_training, rate)``, linear in between,
-    constant before the first point and after the last."""
+class RateSchedule:
+    """A rate over training (the masking rate, the replay rate): ``points`` of ``(fraction_of_training,
+    rate)``, linear in between, constant before the first point and after the last."""
 
     points: tuple[tuple[float, float], ...]
 
@@ -71,8 +72,11 @@ class MaskingSchedule:
 
 
 def parse_schedule(
-    value: RateSpec, key: str = "data.mlm_probability", zero_allowed: bool = False, example: str = _EXAMPLE
-) -> MaskingSchedule:
+    value: RateSpec,
+    key: str = "data.masking.mlm_probability",
+    zero_allowed: bool = False,
+    example: str = _EXAMPLE,
+) -> RateSchedule:
     """Reads a rate or a list of ``[fraction_of_training, rate]`` points; a bad value (a rate outside
     (0, 1), or [0, 1) with ``zero_allowed``, fractions outside [0, 1] or not increasing, a malformed point)
     is one line naming ``key``, with ``example``."""
@@ -97,7 +101,7 @@ def parse_schedule(
     fractions = [f for f, _ in points]
     if any(b <= a for a, b in zip(fractions, fractions[1:], strict=False)):
         raise MLMAdaptError(f"{key}: fractions {fractions} must be strictly increasing; {example}")
-    return MaskingSchedule(points)
+    return RateSchedule(points)
 
 
 class ExampleKey(NamedTuple):
@@ -106,7 +110,7 @@ class ExampleKey(NamedTuple):
 
     epoch: int
     index: int
-    mask_rate: float | None = None
+    mlm_probability: float | None = None
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,7 @@ def trainer_stepping(trainer: Any, loader_batches: int) -> Stepping:
     if max_epochs is None or max_epochs == -1:
         if max_steps is None or max_steps < 0:
             raise MLMAdaptError(
-                "data.mlm_probability: a masking-rate schedule needs a run length; "
+                "data.masking.mlm_probability: a masking-rate schedule needs a run length; "
                 "set trainer.max_steps or trainer.max_epochs"
             )
         total = max_steps
@@ -149,13 +153,13 @@ def trainer_stepping(trainer: Any, loader_batches: int) -> Stepping:
     return Stepping(batches, accumulate, int(total))
 
 
-class MaskRates:
+class ScheduledRates:
     """Turns the indices a sampler draws into :class:`ExampleKey` s carrying the rate of ``schedule``.
 
     ``batch_size`` is per rank; ``stepping`` gives the :class:`Stepping` for an epoch's number of batches.
     """
 
-    def __init__(self, schedule: MaskingSchedule, batch_size: int, stepping: Callable[[int], Stepping]):
+    def __init__(self, schedule: RateSchedule, batch_size: int, stepping: Callable[[int], Stepping]):
         self.schedule = schedule
         self.batch_size = batch_size
         self.stepping = stepping

@@ -15,8 +15,9 @@ ELECTRA generator              ``electra``                ``generator_lm_head(ge
 ModernBERT                     ``model``                  ``decoder(head(h))``
 ============================== ========================== ==================================================
 
-**Document attention** (``data.document_attention: true``). :func:`document_inputs` turns the collator's
-``document_ids`` (``-1`` on padding) and ``position_ids`` into a block-diagonal 4D mask (boolean for SDPA,
+**Document attention** (``data.blocks.document_attention: true``). :func:`document_inputs` turns the
+collator's ``document_ids`` (``-1`` on padding) and ``position_ids`` into a block-diagonal 4D mask (boolean
+for SDPA,
 additive for eager; transformers passes 4D masks through unchanged) and family-specific position ids, so a
 document's logits are those of the document run alone:
 
@@ -106,13 +107,13 @@ def check_document_attention(model: PreTrainedModel) -> None:
     if model_type not in SUPPORTED_FAMILIES:
         why = "its embeddings read the 2D padding mask" if model_type.startswith("deberta") else "not tested"
         raise MLMAdaptError(
-            f"data.document_attention: {type(model).__name__} ({why}) cannot attend within documents; "
-            f"set data.document_attention: false (supported: {', '.join(SUPPORTED_FAMILIES)})"
+            f"data.blocks.document_attention: {type(model).__name__} ({why}) cannot attend within documents; "
+            f"set data.blocks.document_attention: false (supported: {', '.join(SUPPORTED_FAMILIES)})"
         )
     kernel = model.config._attn_implementation
     if kernel not in KERNELS:
         raise MLMAdaptError(
-            f"data.document_attention needs model.attn_implementation sdpa or eager, not {kernel!r}"
+            f"data.blocks.document_attention needs model.attn_implementation sdpa or eager, not {kernel!r}"
         )
 
 

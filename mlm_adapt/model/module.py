@@ -29,6 +29,7 @@ from mlm_adapt.model.loading import (
     position_limit,
 )
 from mlm_adapt.model.metrics import WordAccuracy, validation_prefix, word_keys
+from mlm_adapt.text.blocks import BlockOptions
 from mlm_adapt.text.tokenizer import load_tokenizer, read_new_tokens
 
 EVAL_STAGES = ("val", "test")
@@ -136,7 +137,7 @@ HEAD_KEY = "mlm_adapt_base_head"
 # replay state, the new tokens). The tool's own files are trusted: one whose format differs is refused in
 # one line, never read field by field. Raise it whenever that state changes shape or meaning.
 CHECKPOINT_FORMAT_KEY = "mlm_adapt_checkpoint_format"
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 3  # 3: the data options in groups (data.masking.*, ...), replay under data.replay
 
 
 def check_checkpoint_format(
@@ -263,8 +264,8 @@ class MaskedLMModule(L.LightningModule):
 
     @override
     def setup(self, stage: str) -> None:
-        data_hparams = getattr(self.trainer.datamodule, "hparams", None) or {}
-        if data_hparams.get("document_attention"):  # refuse before any step, in one line
+        blocks = getattr(self.trainer.datamodule, "blocks", None)
+        if isinstance(blocks, BlockOptions) and blocks.document_attention:  # refused before any step
             check_document_attention(self.model)
         # Before the strategy moves and wraps the module: one set of metrics per validation set.
         for index in range(1, len(getattr(self.trainer.datamodule, "validation_set_names", ()))):
@@ -303,7 +304,9 @@ class MaskedLMModule(L.LightningModule):
         if self.hparams.mask_attention == "exclude":
             attention_mask = attention_mask * (batch["input_ids"] != self.mask_token_id)
         inputs = {"input_ids": batch["input_ids"], "attention_mask": attention_mask}
-        if "document_ids" in batch:  # data.document_attention: packed documents attend only to themselves
+        if (
+            "document_ids" in batch
+        ):  # data.blocks.document_attention: packed documents attend only to themselves
             inputs.update(
                 document_inputs(self.model, attention_mask, batch["document_ids"], batch["position_ids"])
             )
@@ -359,9 +362,11 @@ class MaskedLMModule(L.LightningModule):
         if "maskable_tokens" in batch:  # the realized rate, to check a masking-rate schedule against
             maskable = batch["maskable_tokens"].sum().clamp(min=1)
             rate = (batch["labels"] != -100).sum() / maskable
-            self.log("train/mask_rate", rate.float(), batch_size=batch["input_ids"].shape[0])
-        if "mix_rate" in batch:  # general-text replay (data.mix_files): the step's rate
-            self.log("train/mix_rate", batch["mix_rate"].float(), batch_size=batch["input_ids"].shape[0])
+            self.log("train/mlm_probability", rate.float(), batch_size=batch["input_ids"].shape[0])
+        if "replay_rate" in batch:  # general-text replay (data.replay.files): the step's rate
+            self.log(
+                "train/replay_rate", batch["replay_rate"].float(), batch_size=batch["input_ids"].shape[0]
+            )
         return self._step_normalized_loss(batch)
 
     def _step_normalized_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

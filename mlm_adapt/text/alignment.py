@@ -140,11 +140,12 @@ def _join_back_error(joined: str, lengths: np.ndarray, words: Sequence[Sequence[
         start += length
         if "".join(text_words) != text:
             return MLMAdaptError(
-                f"data.segmenter: words do not join back to the text {text[:60]!r}; a segmenter must return "
+                f"data.segmentation.segmenter: words do not join back to the text {text[:60]!r}; a segmenter "
+                "must return "
                 "every character of the text, whitespace included"
             )
     return MLMAdaptError(
-        f"data.segmenter: {len(words)} word lists for {len(lengths)} texts; give one per text"
+        f"data.segmentation.segmenter: {len(words)} word lists for {len(lengths)} texts; give one per text"
     )
 
 

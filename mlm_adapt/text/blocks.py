@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.alignment import flatten
 
 # The word id of special tokens and padding: never part of a masking unit.
@@ -202,3 +203,32 @@ def build_blocks(
         ids, words, counts, max_seq_length, cls_token_id, sep_token_id, packing, document_delimiters
     )
     return packed.to_lists()
+
+
+@dataclass(kw_only=True, frozen=True)
+class BlockOptions:
+    """How documents become blocks and batches (``data.blocks``; docs/recipe.md).
+
+    Args:
+        packing: Concatenate documents into full ``max_seq_length`` blocks (no padding waste). With
+            ``false``, each line is its own example; a line longer than a block continues in the next one.
+        document_attention: With ``packing``, every document in a block gets its own ``[CLS]``/``[SEP]``,
+            restarting positions, and attends only to itself; the model must support it (BERT,
+            RoBERTa/XLM-R, ELECTRA, ALBERT, ModernBERT) or setup refuses. See docs/recipe.md.
+        group_by_length: With ``packing: false``, batch lines of similar length together (mega-batches of
+            50 batches sorted by length), which removes most padding; every example keeps its masks.
+        pad_to_multiple_of: Pad batches to a multiple of this length.
+    """
+
+    packing: bool = True
+    document_attention: bool = False
+    group_by_length: bool = True
+    pad_to_multiple_of: int = 8
+
+    def check(self) -> BlockOptions:
+        """Refuses a padding multiple below 1 in one line; returns the options."""
+        if self.pad_to_multiple_of < 1:
+            raise MLMAdaptError(
+                f"data.blocks.pad_to_multiple_of={self.pad_to_multiple_of} must be at least 1"
+            )
+        return self

@@ -42,7 +42,7 @@ def parse_number(
         value: The field (surrounding whitespace is ignored); ``bool`` and other types are no number.
         kind: ``int`` (digits only) or ``float`` (also a fraction and an exponent; never NaN or infinite).
         what: The value's description for the message, ``{value}`` where the value goes:
-            ``data.user_dict: terms.txt line 3: frequency {value}``.
+            ``data.segmentation.user_dict: terms.txt line 3: frequency {value}``.
         hint: How to write it instead, ending the message.
         minimum: The least value accepted, if any.
         maximum: The largest value accepted, if any.

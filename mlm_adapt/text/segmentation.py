@@ -1,11 +1,12 @@
-"""Word segmentation: what a segmenter is, the built-in ones, and the checked ``data.segmenter``.
+"""Word segmentation: what a segmenter is, the built-in ones, and the checked ``data.segmentation.segmenter``.
 
 Whole-word masking needs, for every text, words that concatenate back to it exactly
 (``"".join(words) == text``): they are aligned to the tokenizer's own tokens by character position
 (:mod:`mlm_adapt.text.alignment`). Any class with ``segment(texts)`` is a segmenter (:class:`WordSegmenter`,
 ``docs/segmenters.md``); :class:`Segmentation` builds and checks the configured one.
 
-``data.segmenter`` is a config value from end to end: a built-in name, or the ``class_path``/``init_args``
+``data.segmentation.segmenter`` is a config value from end to end: a built-in name, or the
+``class_path``/``init_args``
 that jsonargparse resolves (:data:`SegmenterFactory`: class and init args checked, nothing built). The data
 module records that value as given (hyperparameters, checkpoints, the resume check), and
 :class:`Segmentation` builds the segmenter from it, by the same jsonargparse resolution, in every process that
@@ -22,6 +23,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeAlias, get_args, runtime_checkable
 
@@ -31,7 +33,7 @@ from jsonargparse import ArgumentError, ArgumentParser
 from mlm_adapt.errors import MLMAdaptError, exception_line, raised
 from mlm_adapt.guard.secrets import withhold
 from mlm_adapt.text.numbers import parse_number
-from mlm_adapt.text.traditional import EXTRA_HINT, ChineseConverter, split_like
+from mlm_adapt.text.traditional import EXTRA_HINT, ChineseConverter, OpenCCConfig, split_like
 
 
 @runtime_checkable
@@ -107,14 +109,17 @@ def read_user_dict(path: str | Path) -> list[tuple[str, int | None, str | None]]
     triples, ``None`` for what a line omits."""
     path = Path(path)
     if not path.is_file():
-        raise MLMAdaptError(f"data.user_dict: {path} does not exist; give a jieba dictionary file or null")
+        raise MLMAdaptError(
+            f"data.segmentation.user_dict: {path} does not exist; give a jieba dictionary file or null"
+        )
     entries = []
     for lineno, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
         try:
             line = raw.decode("utf-8").strip().lstrip("\ufeff")
         except UnicodeDecodeError:
             raise MLMAdaptError(
-                f"data.user_dict: {path} line {lineno} is not UTF-8; re-save the dictionary as UTF-8"
+                f"data.segmentation.user_dict: {path} line {lineno} is not UTF-8; re-save the dictionary as "
+                "UTF-8"
             ) from None
         if not line:
             continue
@@ -125,7 +130,7 @@ def read_user_dict(path: str | Path) -> list[tuple[str, int | None, str | None]]
                 parse_number(
                     parts[1],
                     int,
-                    f"data.user_dict: {path} line {lineno}: frequency {{value}}",
+                    f"data.segmentation.user_dict: {path} line {lineno}: frequency {{value}}",
                     f"use 'word [freq] [tag]' with freq at most {MAX_FREQUENCY} (jieba's own dictionary tops "
                     "out below 10^6)",
                     minimum=0,
@@ -148,7 +153,9 @@ class JiebaSegmenter:
 
     def __init__(self, backend: SegmenterBackend = "rjieba", hmm: bool = False, user_dict: str | None = None):
         if backend not in JIEBA_BACKENDS:
-            raise MLMAdaptError(f"data.segmenter: unknown backend {backend!r}; use 'rjieba' or 'jieba'")
+            raise MLMAdaptError(
+                f"data.segmentation.segmenter: unknown backend {backend!r}; use 'rjieba' or 'jieba'"
+            )
         self.backend = backend
         self.hmm = hmm
         self.user_dict = user_dict
@@ -217,7 +224,8 @@ class _LazyModel:
                 self._model = self._load()
             except ImportError:
                 raise MLMAdaptError(
-                    f"data.segmenter: {type(self).__name__} needs the {self.package} package; {EXTRA_HINT}"
+                    f"data.segmentation.segmenter: {type(self).__name__} needs the {self.package} package; "
+                    f"{EXTRA_HINT}"
                 ) from None
         result = []
         for text in texts:
@@ -293,13 +301,15 @@ class PkusegSegmenter(_LazyModel):
                 if not (candidate / "features.msgpack").is_file() and (candidate / "features.pkl").exists():
                     # spacy-pkuseg falls back to pickle.load for it: loading the model would run its code.
                     raise MLMAdaptError(
-                        f"data.segmenter: pkuseg model {candidate} has features.pkl and no features.msgpack; "
+                        f"data.segmentation.segmenter: pkuseg model {candidate} has features.pkl and no "
+                        "features.msgpack; "
                         "spacy-pkuseg would unpickle it, which can run any code, so mlm_adapt refuses it: "
                         "use a model saved by a current spacy-pkuseg (features.msgpack)"
                     )
                 return candidate.resolve()
         raise MLMAdaptError(
-            f"data.segmenter: pkuseg model {model!r} is neither a directory with weights.npz nor a model "
+            f"data.segmentation.segmenter: pkuseg model {model!r} is neither a directory with weights.npz "
+            "nor a model "
             f"in {home}; download it once (spacy-pkuseg's releases) and give its directory as init_args.model"
         )
 
@@ -327,8 +337,8 @@ NOT_A_SEGMENTER = re.compile(r"Expected '([^']+)' to be a subclass of <class '(?
 
 def _from_class_path(spec: Mapping[str, Any]) -> Any:
     """The segmenter a ``{"class_path", "init_args"}`` mapping names, resolved by jsonargparse as the
-    command line resolves ``data.segmenter`` (the same :data:`SegmenterFactory` type), then built; its
-    multi-line report becomes one line here."""
+    command line resolves ``data.segmentation.segmenter`` (the same :data:`SegmenterFactory` type), then
+    built; its multi-line report becomes one line here."""
     name, init_args = spec["class_path"], dict(spec.get("init_args") or {})
     shown = withhold({"init_args": init_args})["init_args"]  # in the lines: secret arguments withheld
     parser = ArgumentParser(exit_on_error=False)
@@ -343,14 +353,16 @@ def _from_class_path(spec: Mapping[str, Any]) -> Any:
         cause = chain[-1]
         reason = exception_line(cause)
         if NOT_A_SEGMENTER.search(reason):
-            raise MLMAdaptError(f"data.segmenter: {name} {_NO_SEGMENT}") from None
+            raise MLMAdaptError(f"data.segmentation.segmenter: {name} {_NO_SEGMENT}") from None
         if isinstance(cause, ImportError | AttributeError) or "import path" in reason:
             raise MLMAdaptError(
-                f"data.segmenter: cannot import class_path {name!r} ({reason}); give an importable class "
+                f"data.segmentation.segmenter: cannot import class_path {name!r} ({reason}); give an "
+                "importable class "
                 f"(module.Class) or a built-in name ({', '.join(BUILTIN_NAMES)})"
             ) from None
         raise MLMAdaptError(
-            f"data.segmenter: {name}(**{shown}) failed: {reason}; check data.segmenter.init_args"
+            f"data.segmentation.segmenter: {name}(**{shown}) failed: {reason}; check "
+            "data.segmentation.segmenter.init_args"
         ) from None
     try:
         return parser.instantiate(config).segmenter()
@@ -358,13 +370,14 @@ def _from_class_path(spec: Mapping[str, Any]) -> Any:
         raise
     except Exception as exc:
         raise MLMAdaptError(
-            f"data.segmenter: {name}(**{shown}) failed: {type(exc).__name__}: {exc}; "
-            "check data.segmenter.init_args"
+            f"data.segmentation.segmenter: {name}(**{shown}) failed: {type(exc).__name__}: {exc}; "
+            "check data.segmentation.segmenter.init_args"
         ) from None
 
 
 def segmenter_setting(value: Any) -> str | dict[str, Any]:
-    """``data.segmenter`` as the data module records it: a built-in name or a ``class_path`` mapping.
+    """``data.segmentation.segmenter`` as the data module records it: a built-in name or a ``class_path``
+    mapping.
 
     Anything else (a segmenter object, a class, a factory) is refused in one line: checkpoints, the resume
     check and the cache fingerprint record the setting, and worker processes rebuild the segmenter from it.
@@ -374,7 +387,7 @@ def segmenter_setting(value: Any) -> str | dict[str, Any]:
     if isinstance(value, Mapping):
         return dict(value)
     raise MLMAdaptError(
-        f"data.segmenter: got a {type(value).__name__} object; give a built-in name "
+        f"data.segmentation.segmenter: got a {type(value).__name__} object; give a built-in name "
         f"({', '.join(BUILTIN_NAMES)}) or {{'class_path': 'module.Class', 'init_args': {{...}}}}, the value "
         "a config holds: checkpoints record it and worker processes rebuild the segmenter from it"
     )
@@ -421,7 +434,7 @@ class Segmentation:
         self.spec: str | dict[str, Any] | None = segmenter_setting(segmenter) if given else None
         if isinstance(self.spec, dict) and not isinstance(self.spec.get("class_path"), str):
             raise MLMAdaptError(
-                f"data.segmenter: {withhold(self.spec)} has no class_path; give a built-in name "
+                f"data.segmentation.segmenter: {withhold(self.spec)} has no class_path; give a built-in name "
                 f"({', '.join(BUILTIN_NAMES)}) or {{class_path: module.Class, init_args: {{...}}}}"
             )
         if self.spec is None:
@@ -430,7 +443,8 @@ class Segmentation:
             self.name = self.spec if isinstance(self.spec, str) else self.spec["class_path"]
         if (hmm or user_dict) and self.name not in JIEBA_BACKENDS:
             raise MLMAdaptError(
-                f"data.hmm/data.user_dict apply to rjieba and jieba, not {self.name}; "
+                "data.segmentation.hmm/data.segmentation.user_dict apply to rjieba and jieba, not "
+                f"{self.name}; "
                 "give the segmenter's own options in its init_args"
             )
         self.hmm, self.user_dict = hmm, user_dict
@@ -441,7 +455,7 @@ class Segmentation:
         # the thread pools of a model it runs do not survive a fork into preprocessing workers.
         self._built_by = os.getpid()
         if not callable(getattr(self._segmenter, "segment", None)):
-            raise MLMAdaptError(f"data.segmenter: {self.name} {_NO_SEGMENT}")
+            raise MLMAdaptError(f"data.segmentation.segmenter: {self.name} {_NO_SEGMENT}")
 
     def _build(self) -> Any:
         if self.name in JIEBA_BACKENDS:
@@ -449,7 +463,8 @@ class Segmentation:
         if isinstance(self.spec, str):
             if self.spec not in BUILTIN_CLASSES:
                 raise MLMAdaptError(
-                    f"data.segmenter: unknown segmenter {self.spec!r}; use one of {', '.join(BUILTIN_NAMES)} "
+                    f"data.segmentation.segmenter: unknown segmenter {self.spec!r}; use one of "
+                    f"{', '.join(BUILTIN_NAMES)} "
                     "or a class_path with init_args"
                 )
             return BUILTIN_CLASSES[self.spec]()
@@ -477,7 +492,9 @@ class Segmentation:
 
     def _fail(self, problem: str, text: str, hint: str) -> MLMAdaptError:
         short = repr(text if len(text) <= 60 else text[:60] + "…")
-        return MLMAdaptError(f"data.segmenter: {self.name} {problem} on the text {short}; {hint}")
+        return MLMAdaptError(
+            f"data.segmentation.segmenter: {self.name} {problem} on the text {short}; {hint}"
+        )
 
     def _run(self, texts: list[str]) -> Any:
         try:
@@ -548,3 +565,27 @@ class Segmentation:
     def __repr__(self) -> str:
         opencc = f", opencc={self.converter.config!r}" if self.converter else ""
         return f"Segmentation({self.name}{opencc})"
+
+
+@dataclass(kw_only=True, frozen=True)
+class SegmentationOptions:
+    """How the corpus is cut into words, the units masked as a whole (``data.segmentation``;
+    docs/segmenters.md).
+
+    Args:
+        segmenter: ``rjieba`` (fast) or ``jieba`` (same words), ``thulac``, ``snownlp``, ``pkuseg``, or a
+            class_path/init_args of any class whose ``segment(texts)`` words join back (docs/segmenters.md);
+            in Python, the same name or ``{"class_path": ..., "init_args": {...}}`` mapping.
+        hmm: Let jieba's HMM join unknown characters into words (off: both backends agree exactly).
+        user_dict: A jieba user dictionary (``word [freq] [tag]`` per line) for domain terms.
+        opencc: Traditional Chinese: segment a ``t2s``/``tw2s``/``hk2s``-converted copy, keep the original.
+    """
+
+    segmenter: BuiltinSegmenter | SegmenterFactory = "rjieba"
+    hmm: bool = False
+    user_dict: str | None = None
+    opencc: OpenCCConfig | None = None
+
+    def check(self) -> SegmentationOptions:
+        """The options (:class:`Segmentation` checks the segmenter when it builds it, at startup)."""
+        return self

@@ -104,7 +104,7 @@ def ordinary_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     if not ids:
         raise MLMAdaptError(
             f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no ordinary tokens to draw random "
-            "replacements from; set data.random_replace_prob=0"
+            "replacements from; set data.masking.random_replace_prob=0"
         )
     return sorted(ids)
 
@@ -242,7 +242,8 @@ def candidate_terms(
     """Multi-character Chinese words that jieba's HMM finds in ``texts`` and ``segmenter`` mostly splits.
 
     Kept: terms seen at least ``min_count`` times whose :func:`cohesion` is at least ``min_cohesion``
-    (``e**3 = 20`` times more often together than by chance) and that ``segmenter`` (``data.segmenter``;
+    (``e**3 = 20`` times more often together than by chance) and that ``segmenter``
+    (``data.segmentation.segmenter``;
     default rjieba) keeps whole in fewer than half of their occurrences. The words of ``user_dict`` (a jieba
     dictionary already in use) count as known.
     """

@@ -1,5 +1,5 @@
-"""``data.opencc``: the Simplified copy of Traditional Chinese text that the segmenter sees, and the word
-boundaries found in it mapped back onto the original text (an optional dependency: ``opencc``)."""
+"""``data.segmentation.opencc``: the Simplified copy of Traditional Chinese text that the segmenter sees, and
+the word boundaries found in it mapped back onto the original text (an optional dependency: ``opencc``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ OPENCC_CONFIGS: tuple[str, ...] = get_args(OpenCCConfig)
 
 
 class ChineseConverter:
-    """``data.opencc``: the Simplified copy of Traditional text that the segmenter sees.
+    """``data.segmentation.opencc``: the Simplified copy of Traditional text that the segmenter sees.
 
     jieba's dictionary (and most segmenters' models) is Simplified: on Taiwan or Hong Kong text it splits
     most words into characters. The word boundaries found in the copy are mapped back to the original text
@@ -29,7 +29,7 @@ class ChineseConverter:
     def __init__(self, config: str) -> None:
         if config not in OPENCC_CONFIGS:
             raise MLMAdaptError(
-                f"data.opencc: unknown OpenCC configuration {config!r}; use one of "
+                f"data.segmentation.opencc: unknown OpenCC configuration {config!r}; use one of "
                 f"{', '.join(OPENCC_CONFIGS)} (to Simplified) or null"
             )
         self.config = config
@@ -41,13 +41,17 @@ class ChineseConverter:
     def _converter(self) -> Any:
         if self._opencc is None:
             try:
-                import opencc  # noqa: PLC0415 (optional dependency, only with data.opencc)
+                import opencc  # noqa: PLC0415 (optional dependency, only with data.segmentation.opencc)
             except ImportError:
-                raise MLMAdaptError(f"data.opencc needs the opencc package; {EXTRA_HINT}") from None
+                raise MLMAdaptError(
+                    f"data.segmentation.opencc needs the opencc package; {EXTRA_HINT}"
+                ) from None
             try:
                 self._opencc = opencc.OpenCC(self.config)
             except RuntimeError as exc:  # the configuration file is missing from the installed package
-                raise MLMAdaptError(f"data.opencc: OpenCC cannot load {self.config!r}: {exc}") from None
+                raise MLMAdaptError(
+                    f"data.segmentation.opencc: OpenCC cannot load {self.config!r}: {exc}"
+                ) from None
         return self._opencc
 
     def convert(self, text: str) -> str:

@@ -182,8 +182,8 @@ class ForgettingWarning(L.Callback):
             rank_zero_warn(
                 f"forgetting: {prefix}/perplexity rose {after / before - 1:.0%} over its step-0 value "
                 f"({before:.4g} -> {after:.4g}) at step {trainer.global_step}, more than "
-                f"forgetting.warning={threshold}; replay general text (data.mix_files with "
-                "data.mix_probability, or forgetting.budget) or lower the learning rate"
+                f"forgetting.warning={threshold}; replay general text (data.replay.files with "
+                "data.replay.rate, or forgetting.budget) or lower the learning rate"
             )
 
     @override
@@ -196,7 +196,7 @@ class ForgettingWarning(L.Callback):
 
 
 class ForgettingBudget(L.Callback):
-    """Holds forgetting to ``forgetting.budget`` by moving the general-text mix rate during the run.
+    """Holds forgetting to ``forgetting.budget`` by moving the general-text replay rate during the run.
 
     Every ``forgetting.check_interval`` optimizer steps (and before the first) the perplexity of the
     first ``forgetting.check_batches`` batches of the general validation set goes to the DataModule's
@@ -206,7 +206,7 @@ class ForgettingBudget(L.Callback):
     """
 
     def _replay(self, trainer: L.Trainer) -> Any:
-        replay = getattr(trainer.datamodule, "replay", None)
+        replay = getattr(trainer.datamodule, "replayer", None)
         return replay if replay is not None and replay.budget is not None else None
 
     def interval(self, trainer: L.Trainer) -> int:
@@ -249,13 +249,13 @@ class ForgettingBudget(L.Callback):
             since = "" if step == 0 else ", set on resume: rises are measured from this step"
             rank_zero_info(
                 f"mlm_adapt replay: step {step}: val_{name} check perplexity {perplexity:.4g} (the baseline "
-                f"of forgetting.budget={replay.budget}{since}); mix rate {new:g}"
+                f"of forgetting.budget={replay.budget}{since}); replay rate {new:g}"
             )
         elif new != old:
             rank_zero_info(
                 f"mlm_adapt replay: step {step}: val_{name} check perplexity {perplexity:.4g}, "
                 f"{replay.rise(perplexity):+.1%} over step {base} (budget +{replay.budget:.0%}): "
-                f"mix rate {old:g} -> {new:g}"
+                f"replay rate {old:g} -> {new:g}"
             )
 
     @override

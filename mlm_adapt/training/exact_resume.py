@@ -58,7 +58,8 @@ def continue_on_other_world(
         setattr(progress, counter, max(0, getattr(progress, counter) + shift))
     grouped = any(isinstance(s, LengthGroupedEpochSampler) for s in samplers)
     order = (
-        "data.group_by_length groups the order by the number of ranks, so the remaining examples come in "
+        "data.blocks.group_by_length groups the order by the number of ranks, so the remaining examples come "
+        "in "
         "another order"
         if grouped
         else f"the epoch's example order continues at example {consumed}"

@@ -34,31 +34,31 @@ from mlm_adapt.guard.secrets import secret_setting
 from mlm_adapt.model.checkpoints import callback_state
 from mlm_adapt.training.checkpoint_files import drop_rows_after
 
-# (section, key): why it cannot change when resuming.
+# (section, key): why it cannot change when resuming; a dotted key names an option of a group.
 FIXED_SETTINGS: dict[tuple[str, str], str] = {
     ("model", "model_name_or_path"): "the checkpoint's weights belong to that architecture",
     ("model", "max_seq_length"): "the data blocks and the position of the data loader depend on it",
     ("model", "new_tokens_file"): "the vocabulary of the checkpoint's embeddings depends on it",
     ("data", "tokenizer_name_or_path"): "the token ids of the checkpoint depend on it",
     ("data", "batch_size"): "the data loader position is counted in batches",
-    ("data", "packing"): "the data blocks and the position of the data loader depend on it",
+    ("data", "blocks.packing"): "the data blocks and the position of the data loader depend on it",
     ("model", "optimizer"): "the optimizer state restored from the checkpoint (learning rate included) wins",
     ("model", "head_warmup_steps"): "the steps that train the head alone, and the baseline's, depend on it",
     # The words (whole-word masking units) of the training blocks: the segmenter's class and init args.
-    ("data", "segmenter"): "the words masked as a whole depend on it",
-    ("data", "opencc"): "the words masked as a whole depend on it",
-    ("data", "hmm"): "the words masked as a whole depend on it",
-    ("data", "user_dict"): "the words masked as a whole depend on it",
+    ("data", "segmentation.segmenter"): "the words masked as a whole depend on it",
+    ("data", "segmentation.opencc"): "the words masked as a whole depend on it",
+    ("data", "segmentation.hmm"): "the words masked as a whole depend on it",
+    ("data", "segmentation.user_dict"): "the words masked as a whole depend on it",
     # Which examples are drawn, in which order, and how they are masked.
     ("data", "seed"): "the order the examples are drawn in and their masks depend on it",
-    ("data", "group_by_length"): "the order the examples are drawn in depends on it",
-    ("data", "streaming"): "the data loader position depends on it",
-    ("data", "shuffle_buffer_size"): "the order a streamed corpus is drawn in depends on it",
-    ("data", "masking"): "the masks of the examples depend on it",
-    ("data", "mlm_probability"): "the masks of the examples depend on it",
-    ("data", "mask_replace_prob"): "the masks of the examples depend on it",
-    ("data", "random_replace_prob"): "the masks of the examples depend on it",
-    ("data", "eval_mlm_probability"): "the validation masks (so the baseline it holds) depend on it",
+    ("data", "blocks.group_by_length"): "the order the examples are drawn in depends on it",
+    ("data", "streaming.enabled"): "the data loader position depends on it",
+    ("data", "streaming.shuffle_buffer_size"): "the order a streamed corpus is drawn in depends on it",
+    ("data", "masking.scheme"): "the masks of the examples depend on it",
+    ("data", "masking.mlm_probability"): "the masks of the examples depend on it",
+    ("data", "masking.mask_replace_prob"): "the masks of the examples depend on it",
+    ("data", "masking.random_replace_prob"): "the masks of the examples depend on it",
+    ("data", "masking.eval_mlm_probability"): "the validation masks (so the baseline it holds) depend on it",
     # Given as a number only: `true` draws a new seed every start (the checkpoint's is then kept).
     ("run", "seed_everything"): "the dropout of every step depends on it",
 }
@@ -72,6 +72,7 @@ SETTINGS_KEY = "settings"
 CORPUS_KEY = "corpus_fingerprint"
 WORLD_KEY = "world_size"  # ranks (devices x nodes) that wrote the checkpoint
 RECORD_KEYS = (SETTINGS_KEY, CORPUS_KEY, WORLD_KEY)
+_MISSING = object()
 
 
 def run_settings(
@@ -93,8 +94,12 @@ def run_settings(
         elif section == "run":
             if isinstance(seed_everything, int) and not isinstance(seed_everything, bool):
                 settings["run"][key] = seed_everything
-        elif key in sections[section]:
-            settings[section][key] = sections[section][key]
+        else:
+            value: Any = sections[section]
+            for part in key.split("."):  # a group's option: its plain mapping holds it
+                value = value.get(part, _MISSING) if isinstance(value, Mapping) else _MISSING
+            if value is not _MISSING:
+                settings[section][key] = value
     return settings
 
 

@@ -6,7 +6,7 @@ defaults and transformers' recommended collator inputs, ``special_tokens_mask`` 
 interleaved over rounds, and throughput counts the steps after a warm-up (a clock callback timestamps every
 step; start-up, preprocessing, compilation and the first steps are excluded). Same small random BERT, same
 packed blocks of real reviews, same batch size, AdamW lr 5e-5 wd 0.01, CPU. Variants of ``fit``:
-``model.masked_only_head`` off, ``model.compile`` on, ``data.document_attention`` on.
+``model.masked_only_head`` off, ``model.compile`` on, ``data.blocks.document_attention`` on.
 
     python scripts/benchmarks/bench_train.py [--steps 30] [--rounds 2] [--threads 1]
 """
@@ -38,7 +38,7 @@ FIT_VARIANTS = {
     "mlm_adapt fit (defaults)": [],
     "fit, model.masked_only_head=false": ["--model.masked_only_head=false"],
     "fit, model.compile=true": ["--model.compile=true"],
-    "fit, data.document_attention=true": ["--data.document_attention=true"],
+    "fit, data.blocks.document_attention=true": ["--data.blocks.document_attention=true"],
 }
 HF = "transformers Trainer + DataCollatorForLanguageModeling"
 

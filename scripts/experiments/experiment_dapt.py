@@ -54,10 +54,10 @@ from dapt_tasks import (  # noqa: E402 (after the offline switches, which transf
 METRICS = ("val/perplexity", "val/accuracy", "val/word_accuracy")
 ABLATIONS = {
     "wwm": [],
-    "token": ["--data.masking=token"],
-    "ngram": ["--data.masking=ngram"],
+    "token": ["--data.masking.scheme=token"],
+    "ngram": ["--data.masking.scheme=ngram"],
     "exclude": ["--model.mask_attention=exclude"],
-    "mix": ["--data.mix_files=[{general_train}]", "--data.mix_probability=0.2"],
+    "mix": ["--data.replay.files=[{general_train}]", "--data.replay.rate=0.2"],
     # Not an ablation: the default run again with other masks and data order, to show the noise level.
     "wwm_seed2": ["--data.seed=43", "--seed_everything=43"],
 }

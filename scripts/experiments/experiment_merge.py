@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 GENERAL = ".cache/demo/general_train.txt"
 BASE = ".cache/demo/general-chinese-bert"
-REPLAY = [f"--data.mix_files=[{GENERAL}]", "--forgetting.budget={budget}"]
+REPLAY = [f"--data.replay.files=[{GENERAL}]", "--forgetting.budget={budget}"]
 MERGE = ["--export.merge_budget={budget}"]
 RUNS = {
     "none": [],

@@ -2,10 +2,10 @@
 
 Adapts the demo's general model (``scripts/prepare_demo.py``: People's Daily -> product reviews) once per
 setting, every run the demo's own ``fit`` (``configs/demo.yaml``) with one difference: no replay, a fixed
-mix rate of general text (``data.mix_probability``), or a forgetting budget (``forgetting.budget``)
+replay rate of general text (``data.replay.rate``), or a forgetting budget (``forgetting.budget``)
 that moves the rate during the run. Prints one table: domain and general perplexity before and after,
 the general rise over step 0, the share of the unconstrained run's domain reduction each run keeps, the
-mean and final mix rate, and the wall time (the same-run baseline is the ``none`` row). Every run validates
+mean and final replay rate, and the wall time (the same-run baseline is the ``none`` row). Every run validates
 six times, so the table also gives the general set's highest rise during the run (forgetting peaks before
 the end when the run is long enough for the model to relearn general text from the domain one).
 
@@ -27,10 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 GENERAL = ".cache/demo/general_train.txt"
 RUNS = {
     "none": [],
-    "fixed_0.2": [f"--data.mix_files=[{GENERAL}]", "--data.mix_probability=0.2"],
-    "budget_0.5": [f"--data.mix_files=[{GENERAL}]", "--forgetting.budget=0.5"],
-    "budget_0.2": [f"--data.mix_files=[{GENERAL}]", "--forgetting.budget=0.2"],
-    "budget_0.1": [f"--data.mix_files=[{GENERAL}]", "--forgetting.budget=0.1"],
+    "fixed_0.2": [f"--data.replay.files=[{GENERAL}]", "--data.replay.rate=0.2"],
+    "budget_0.5": [f"--data.replay.files=[{GENERAL}]", "--forgetting.budget=0.5"],
+    "budget_0.2": [f"--data.replay.files=[{GENERAL}]", "--forgetting.budget=0.2"],
+    "budget_0.1": [f"--data.replay.files=[{GENERAL}]", "--forgetting.budget=0.1"],
 }
 _ROW = re.compile(r"^(val(?:_general)?/perplexity)\s+([\d.]+)\s+([\d.]+)\s*$", re.M)
 _RATE = re.compile(r"mean ([\d.]+); general perplexity")
@@ -54,7 +54,7 @@ def run(name: str, extra: list[str], steps: int, root: Path) -> dict:
     output = result.stdout + result.stderr
     rows = {m.group(1): (float(m.group(2)), float(m.group(3))) for m in _ROW.finditer(output)}
     rate, final = _RATE.search(output), _FINAL.search(output)
-    fixed = next((float(a.split("=")[1]) for a in extra if a.startswith("--data.mix_probability")), 0.0)
+    fixed = next((float(a.split("=")[1]) for a in extra if a.startswith("--data.replay.rate")), 0.0)
     wall = _WALL.search(output)
     metrics = next((root / name).glob("csv/version_*/metrics.csv"))
     with open(metrics, encoding="utf-8") as handle:
@@ -87,7 +87,7 @@ def main() -> None:
     print(f"\n{a.steps} steps, demo config; perplexities before -> after (step 0 -> step {a.steps})")
     print(
         "| run | domain perplexity | general perplexity | general rise: end (peak) | domain reduction kept "
-        "| mean / final mix rate | wall |"
+        "| mean / final replay rate | wall |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
     base_wall = results.get("none", {}).get("wall")

@@ -172,7 +172,10 @@ def test_fit_refuses_a_model_dir_before_work(case, corpus, tmp_path, capsys):
 # Values a library accepts and then divides by, or silently reads as another value.
 NUMERIC_CASES = {
     "accumulate_grad_batches_0": ("--trainer.accumulate_grad_batches=0", "must be at least 1"),
-    "pad_to_multiple_of_0": ("--data.pad_to_multiple_of=0", "data.pad_to_multiple_of=0 must be at least 1"),
+    "pad_to_multiple_of_0": (
+        "--data.blocks.pad_to_multiple_of=0",
+        "data.blocks.pad_to_multiple_of=0 must be at least 1",
+    ),
     "warmup_nan": ("--model.warmup=nan", 'Parser key "model.warmup"'),
     "lr_nan": ("--model.optimizer=torch.optim.AdamW --model.optimizer.lr=nan", "lr"),
 }

@@ -154,7 +154,7 @@ def test_user_dictionary_frequency(line, expected, tmp_path):
     with pytest.raises(MLMAdaptError) as info:
         read_user_dict(path)
     message = one_line(info)
-    assert message.startswith(f"data.user_dict: {path} line 2") and expected in message
+    assert message.startswith(f"data.segmentation.user_dict: {path} line 2") and expected in message
 
 
 def test_user_dictionary_frequency_in_full_width_digits_is_read(tmp_path):

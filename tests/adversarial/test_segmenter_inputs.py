@@ -28,25 +28,36 @@ CASES = {
     # name: (command, extra arguments, expected start of the message after "mlm_adapt: error: ")
     "unknown-class-path": (
         "fit",
-        ["--data.segmenter=no_such_pkg.Segmenter"],
-        "data.segmenter: cannot use class_path 'no_such_pkg.Segmenter' (No module named 'no_such_pkg')",
+        ["--data.segmentation.segmenter=no_such_pkg.Segmenter"],
+        "data.segmentation.segmenter: cannot use class_path 'no_such_pkg.Segmenter' (No module named "
+        "'no_such_pkg')",
     ),
-    "unknown-name": ("fit", ["--data.segmenter=ltp"], "data.segmenter: unknown segmenter 'ltp'"),
-    "unknown-opencc": ("fit", ["--data.opencc=t3s"], "data.opencc: unknown OpenCC configuration 't3s'"),
+    "unknown-name": (
+        "fit",
+        ["--data.segmentation.segmenter=ltp"],
+        "data.segmentation.segmenter: unknown segmenter 'ltp'",
+    ),
+    "unknown-opencc": (
+        "fit",
+        ["--data.segmentation.opencc=t3s"],
+        "data.segmentation.opencc: unknown OpenCC configuration 't3s'",
+    ),
     "segmenter-raises": (
         "preview",
-        [f"--data.segmenter={HERE}.RaisesOnBadReview"],
-        f"data.segmenter: {HERE}.RaisesOnBadReview raised RuntimeError: segmenter model crashed on the text",
+        [f"--data.segmentation.segmenter={HERE}.RaisesOnBadReview"],
+        f"data.segmentation.segmenter: {HERE}.RaisesOnBadReview raised RuntimeError: segmenter model crashed "
+        "on the text",
     ),
     "str-per-text": (
         "fit",
-        [f"--data.segmenter={HERE}.StringPerText", "--trainer.max_steps=1"],
-        f"data.segmenter: {HERE}.StringPerText returned a str instead of a list of words on the text",
+        [f"--data.segmentation.segmenter={HERE}.StringPerText", "--trainer.max_steps=1"],
+        f"data.segmentation.segmenter: {HERE}.StringPerText returned a str instead of a list of words on the "
+        "text",
     ),
     "jieba-option-with-other-segmenter": (
         "preview",
-        ["--data.segmenter=snownlp", "--data.hmm=true"],
-        "data.hmm/data.user_dict apply to rjieba and jieba, not snownlp",
+        ["--data.segmentation.segmenter=snownlp", "--data.segmentation.hmm=true"],
+        "data.segmentation.hmm/data.segmentation.user_dict apply to rjieba and jieba, not snownlp",
     ),
 }
 

@@ -77,7 +77,9 @@ def test_signal_during_fit(case, tiny_model_dir, corpus_file, tmp_path, capsys):
 def test_a_stop_while_the_corpus_is_prepared_names_no_step(tiny_model_dir, corpus_file, tmp_path, capsys):
     """SIGTERM while fit preprocessed said "at step 0; this stop wrote no checkpoint (SIGTERM writes one
     first)": no step had run and nothing could have been written."""
-    segmenter = '--data.segmenter={"class_path": "_payloads_and_callbacks.SignalWhileSegmenting"}'
+    segmenter = (
+        '--data.segmentation.segmenter={"class_path": "_payloads_and_callbacks.SignalWhileSegmenting"}'
+    )
     root = tmp_path / "run"
     args = tiny_fit_args(tiny_model_dir, corpus_file, root, "--export.enabled=false", segmenter)
     with pytest.raises(SystemExit) as stopped:

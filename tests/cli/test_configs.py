@@ -244,7 +244,7 @@ CPU_CONFIGS = [
 def write_named_inputs(stated: dict[str, Any], root: Path, texts: list[str]) -> None:
     """Writes, below ``root``, a text file at every corpus path or glob the config's ``data`` names."""
     data = stated.get("data") or {}
-    named = list(data.get("train_files") or []) + list(data.get("mix_files") or [])
+    named = list(data.get("train_files") or []) + list((data.get("replay") or {}).get("files") or [])
     validation = data.get("validation_files") or {}
     named += [f for files in validation.values() for f in files or []] if isinstance(validation, dict) else []
     for pattern in named:

@@ -27,7 +27,13 @@ def test_the_group_reaches_the_data_module_typed_and_stays_plain_in_its_hyperpar
     )
     options = cli.datamodule.forgetting
     assert options == ForgettingOptions(warning=0.3, check_batches=2)
-    plain = {"warning": 0.3, "budget": None, "check_interval": None, "check_batches": 2}
+    plain = {
+        "warning": 0.3,
+        "budget": None,
+        "check_interval": None,
+        "check_batches": 2,
+        "max_replay_rate": 0.5,
+    }
     assert cli.datamodule.hparams["forgetting"] == plain == cli.datamodule.hparams_initial["forgetting"]
     assert not [key for key in cli.datamodule.hparams if key.startswith("forgetting_")]
     # The callbacks read the data module's options, not its hyperparameters by name.
@@ -48,4 +54,4 @@ def test_fit_help_lists_the_group_under_forgetting_only(capsys, monkeypatch):
     # data.forgetting is linked from the group: no option of its own, not even jsonargparse's .help.
     assert "--data.forgetting_" not in text and "--data.forgetting " not in text
     assert "--data.forgetting.help" not in text
-    assert "forgetting --> data.forgetting" in text and "--data.max_mix_rate" in text
+    assert "forgetting --> data.forgetting" in text and "--forgetting.max_replay_rate" in text

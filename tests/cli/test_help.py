@@ -60,3 +60,47 @@ def test_a_lightning_flag_this_tool_has_no_use_for_is_one_line(flags, expected, 
     lines = [line for line in err.splitlines() if line.startswith("mlm_adapt: error:")]
     assert code == 2 and len(lines) == 1 and expected in lines[0], err
     assert "Traceback" not in err
+
+
+# Each option renamed into its group (docs/changelog.md): the old name is no option, in one line.
+RENAMED = {
+    "data.segmenter": "data.segmentation.segmenter",
+    "data.hmm": "data.segmentation.hmm",
+    "data.user_dict": "data.segmentation.user_dict",
+    "data.opencc": "data.segmentation.opencc",
+    "data.mlm_probability": "data.masking.mlm_probability",
+    "data.eval_mlm_probability": "data.masking.eval_mlm_probability",
+    "data.mask_replace_prob": "data.masking.mask_replace_prob",
+    "data.random_replace_prob": "data.masking.random_replace_prob",
+    "data.masking": "data.masking.scheme",
+    "data.packing": "data.blocks.packing",
+    "data.document_attention": "data.blocks.document_attention",
+    "data.group_by_length": "data.blocks.group_by_length",
+    "data.pad_to_multiple_of": "data.blocks.pad_to_multiple_of",
+    "data.mix_files": "data.replay.files",
+    "data.mix_probability": "data.replay.rate",
+    "data.max_mix_rate": "forgetting.max_replay_rate",
+    "data.streaming": "data.streaming.enabled",
+    "data.shuffle_buffer_size": "data.streaming.shuffle_buffer_size",
+    "data.streaming_validation_documents": "data.streaming.validation_documents",
+}
+
+
+def test_every_renamed_option_is_in_the_help_under_its_new_name_only(help_text):
+    for old, new in RENAMED.items():
+        assert f"--{new} " in help_text, new
+        if old != "data.masking" and old != "data.streaming":  # now the groups' own config options
+            assert f"--{old} " not in help_text, old
+
+
+@pytest.mark.parametrize("old", list(RENAMED))
+def test_an_old_name_is_an_unknown_option_in_one_line(old, tmp_path, capsys):
+    value = "true" if old in ("data.streaming", "data.packing", "data.hmm") else "0.1"
+    config = tmp_path / "old.yaml"
+    section, key = old.split(".")
+    config.write_text(f"{section}:\n  {key}: {value}\n", encoding="utf-8")
+    for args in (["fit", f"--{old}", value], ["fit", "--config", str(config)]):
+        code, _, err = run_main(args, capsys)
+        lines = [line for line in err.splitlines() if line.startswith("mlm_adapt: error:")]
+        assert code == 2 and len(lines) == 1, err
+        assert old in lines[0] or key in lines[0], lines[0]

@@ -21,7 +21,11 @@ def test_plot_without_a_csv_log_is_a_one_line_error(tmp_path):
 def test_fit_logs_word_accuracy_and_plot_draws_it(tiny_model_dir, corpus_file, tmp_path):
     root = tmp_path / "run"
     extra = ["--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={root}"]
-    extra += ["--trainer.log_every_n_steps=2", "--trainer.val_check_interval=3", "--data.masking=ngram"]
+    extra += [
+        "--trainer.log_every_n_steps=2",
+        "--trainer.val_check_interval=3",
+        "--data.masking.scheme=ngram",
+    ]
     main(["fit", *tiny_fit_args(tiny_model_dir, corpus_file, root, *extra)])
     (metrics,) = root.rglob("metrics.csv")
     header = metrics.read_text().splitlines()[0].split(",")

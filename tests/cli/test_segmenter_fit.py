@@ -1,4 +1,5 @@
-"""User class-path segmenters through the CLI: with data.opencc on Traditional text, without type hints."""
+"""User class-path segmenters through the CLI: with data.segmentation.opencc on Traditional text, without
+type hints."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def test_class_path_segmenter_with_opencc_fits_and_is_resume_fixed(
         tiny_model_dir,
         corpus,
         tmp_path,
-        f"--data.segmenter={json.dumps(segmenter)}",
-        "--data.opencc=t2s",
+        f"--data.segmentation.segmenter={json.dumps(segmenter)}",
+        "--data.segmentation.opencc=t2s",
         "--trainer.max_steps=3",
         "--trainer.val_check_interval=3",
         f"--trainer.callbacks+={checkpoint}",
@@ -68,10 +69,10 @@ def test_class_path_segmenter_with_opencc_fits_and_is_resume_fixed(
     changed = {**segmenter, "init_args": {"max_chars": 2}}
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", *args, f"--data.segmenter={json.dumps(changed)}", "--ckpt_path=last"])
+        main(["fit", *args, f"--data.segmentation.segmenter={json.dumps(changed)}", "--ckpt_path=last"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "data.segmenter.init_args.max_chars: 3 -> 2" in err, err[-2000:]
+    assert "data.segmentation.segmenter.init_args.max_chars: 3 -> 2" in err, err[-2000:]
 
 
 class Characters:
@@ -85,7 +86,7 @@ class Characters:
 
 
 class NoSegmentMethod:
-    """A class given as data.segmenter that is no segmenter."""
+    """A class given as data.segmentation.segmenter that is no segmenter."""
 
     def __init__(self, tag="none"):
         self.tag = tag
@@ -102,7 +103,7 @@ def test_segmenter_without_type_hints_fits(tiny_model_dir, corpus_file, tmp_path
         tiny_model_dir,
         corpus_file,
         tmp_path,
-        f"--data.segmenter={json.dumps(segmenter)}",
+        f"--data.segmentation.segmenter={json.dumps(segmenter)}",
         "--trainer.max_steps=2",
         "--trainer.limit_val_batches=1",
         "--trainer.logger=false",
@@ -122,13 +123,14 @@ def test_segmenter_without_type_hints_fits(tiny_model_dir, corpus_file, tmp_path
 def test_class_without_segment_method_is_refused_in_one_line(
     value, tiny_model_dir, corpus_file, tmp_path, capsys
 ):
-    args = tiny_fit_args(tiny_model_dir, corpus_file, tmp_path, f"--data.segmenter={value}")
+    args = tiny_fit_args(tiny_model_dir, corpus_file, tmp_path, f"--data.segmentation.segmenter={value}")
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", *args])
     assert exit_info.value.code == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mlm_adapt: error:")]
     assert lines == [
-        f"mlm_adapt: error: data.segmenter: {__name__}.NoSegmentMethod has no segment(texts) method; "
+        f"mlm_adapt: error: data.segmentation.segmenter: {__name__}.NoSegmentMethod has no segment(texts) "
+        "method; "
         "use a built-in name (rjieba, jieba, thulac, snownlp, pkuseg) or the class_path of a class with "
         "segment(texts)"
     ]

@@ -48,7 +48,7 @@ SEGMENTERS = ["ThreadPoolSegmenter", "TorchSegmenter"]
 
 
 def _segmenter_arg(name: str) -> str:
-    return f"--data.segmenter={json.dumps({'class_path': f'{__name__}.{name}'})}"
+    return f"--data.segmentation.segmenter={json.dumps({'class_path': f'{__name__}.{name}'})}"
 
 
 @pytest.mark.timeout(300)

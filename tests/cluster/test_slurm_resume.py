@@ -49,7 +49,7 @@ def case_args(model: Path, corpus: Path, rec: Path, general: Path, setting: str)
     ]
     if setting == "forgetting_budget":
         args += [
-            f"--data.mix_files=[{general}]",
+            f"--data.replay.files=[{general}]",
             f'--data.validation_files={{"domain": null, "general": ["{general}"]}}',
             "--forgetting.budget=0.1",
             "--forgetting.check_interval=15",  # checks at 15, 30, 45 (just before the stop), 60, 75
@@ -112,7 +112,7 @@ def assert_same_steps(straight: Path, resumed: Path, steps: int, label: str) -> 
         worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(got, expected, strict=True))
         print(f"{label}: rank {rank}: max |loss difference| over {steps} steps: {worst:.3g}")
         assert worst <= 1e-6, f"rank {rank}: max |loss difference| {worst:.3g}"
-        key = ("step", "epoch", "batch_idx", "ids", "digest", "mix_rate")
+        key = ("step", "epoch", "batch_idx", "ids", "digest", "replay_rate")
         batches = [
             [{k: r.get(k) for k in key} for r in read_records(d / "rec", rank)] for d in (straight, resumed)
         ]

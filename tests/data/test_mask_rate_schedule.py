@@ -53,7 +53,7 @@ def test_batches_map_to_the_optimizer_step_they_feed():
 
 
 def test_realized_rate_follows_the_schedule_over_the_run(tiny_model_dir, corpus_file, tmp_path):
-    dm = _datamodule(tiny_model_dir, corpus_file, tmp_path, mlm_probability=DECAY)
+    dm = _datamodule(tiny_model_dir, corpus_file, tmp_path, masking={"mlm_probability": DECAY})
     trainer = _attach_trainer(dm)
     schedule = parse_schedule(DECAY)
     realized, scheduled = [], []
@@ -70,7 +70,7 @@ def test_realized_rate_follows_the_schedule_over_the_run(tiny_model_dir, corpus_
 
 
 def test_every_rank_sees_the_same_rate_at_the_same_step(tiny_model_dir, corpus_file, tmp_path):
-    dm = _datamodule(tiny_model_dir, corpus_file, tmp_path, mlm_probability=DECAY)
+    dm = _datamodule(tiny_model_dir, corpus_file, tmp_path, masking={"mlm_probability": DECAY})
     rates, examples = [], []
     for rank in (0, 1):
         _attach_trainer(dm, world_size=2, rank=rank)
@@ -85,7 +85,9 @@ def test_every_rank_sees_the_same_rate_at_the_same_step(tiny_model_dir, corpus_f
 
 def test_workers_and_mid_epoch_resume_give_bit_identical_masks(tiny_model_dir, corpus_file, tmp_path):
     def loader(workers):
-        dm = _datamodule(tiny_model_dir, corpus_file, tmp_path, mlm_probability=DECAY, num_workers=workers)
+        dm = _datamodule(
+            tiny_model_dir, corpus_file, tmp_path, masking={"mlm_probability": DECAY}, num_workers=workers
+        )
         _attach_trainer(dm)
         train = dm.train_dataloader()
         train.sampler.set_epoch(1)
@@ -114,19 +116,19 @@ def test_validation_masks_do_not_depend_on_the_training_rate(tiny_model_dir, cor
     for rate in (DECAY, 0.4):
         assert all(
             torch.equal(a, c) and torch.equal(b, d)
-            for (a, b), (c, d) in zip(default, val_batches(mlm_probability=rate), strict=True)
+            for (a, b), (c, d) in zip(default, val_batches(masking={"mlm_probability": rate}), strict=True)
         )
-    other = val_batches(eval_mlm_probability=0.3)
+    other = val_batches(masking={"eval_mlm_probability": 0.3})
     assert sum(int((b != -100).sum()) for _, b in other) > sum(int((b != -100).sum()) for _, b in default)
 
 
 @pytest.mark.parametrize(
     ("overrides", "fragment"),
     [
-        ({"mlm_probability": [[0.0, 0.3], [1.0, 1.0]]}, "rate 1.0 must be in (0, 1)"),
-        ({"mlm_probability": [[0.2, 0.3], [0.1, 0.15]]}, "strictly increasing"),
-        ({"eval_mlm_probability": 0.0}, "data.eval_mlm_probability=0.0"),
-        ({"mlm_probability": DECAY, "streaming": True}, "needs a map-style corpus"),
+        ({"masking": {"mlm_probability": [[0.0, 0.3], [1.0, 1.0]]}}, "rate 1.0 must be in (0, 1)"),
+        ({"masking": {"mlm_probability": [[0.2, 0.3], [0.1, 0.15]]}}, "strictly increasing"),
+        ({"masking": {"eval_mlm_probability": 0.0}}, "data.masking.eval_mlm_probability=0.0"),
+        ({"masking": {"mlm_probability": DECAY}, "streaming": {"enabled": True}}, "needs a map-style corpus"),
     ],
     ids=["rate_one", "fractions_decrease", "eval_rate_zero", "streaming"],
 )
@@ -151,7 +153,7 @@ class _RateLog(L.Callback):
         self.stepping = (ours, lightning)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.rates.append(float(trainer.callback_metrics["train/mask_rate"]))
+        self.rates.append(float(trainer.callback_metrics["train/mlm_probability"]))
 
 
 @pytest.mark.parametrize(
@@ -162,7 +164,11 @@ class _RateLog(L.Callback):
 def test_fit_logs_the_scheduled_rate(tiny_model_dir, corpus_file, tmp_path, run):
     workers = 2 if "max_epochs" in run else 0  # workers prefetch before Lightning counts the batches
     dm = make_datamodule(
-        tiny_model_dir, corpus_file, tmp_path, mlm_probability=[[0.0, 0.4], [1.0, 0.1]], num_workers=workers
+        tiny_model_dir,
+        corpus_file,
+        tmp_path,
+        masking={"mlm_probability": [[0.0, 0.4], [1.0, 0.1]]},
+        num_workers=workers,
     )
     module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64)
     log = _RateLog()
@@ -175,7 +181,7 @@ def test_fit_logs_the_scheduled_rate(tiny_model_dir, corpus_file, tmp_path, run)
 
 
 def test_model_card_records_the_schedule():
-    info = ExportInfo(data_hparams={"mlm_probability": DECAY, "eval_mlm_probability": 0.15})
+    info = ExportInfo(data_hparams={"masking": {"mlm_probability": DECAY, "eval_mlm_probability": 0.15}})
     text = str(render_model_card(info, title="demo"))
     assert "- mlm_probability: 0.3 at 0% -> 0.15 at 100% of the optimizer steps" in text
     assert "- eval_mlm_probability (validation masks): 0.15" in text

@@ -1,4 +1,4 @@
-"""General-text replay (``data.mix_files``): drawn per slot at sampling time, at a fixed, scheduled or
+"""General-text replay (``data.replay.files``): drawn per slot at sampling time, at a fixed, scheduled or
 controlled rate (``forgetting.budget``)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from mlm_adapt.data import MLMDataModule
 from mlm_adapt.data.replay import (
     MAX_CHANGE,
     Replay,
-    parse_mix_rate,
+    ReplayOptions,
     replace_rows,
     replay_summary,
     replayed_slots,
@@ -84,7 +84,7 @@ def test_replace_rows_pads_both_sides_with_what_padding_holds():
 
 
 def _replay(budget=0.2, rate=0.1, max_rate=0.5) -> Replay:
-    return Replay(general=[], schedule=parse_mix_rate(rate), budget=budget, max_rate=max_rate)
+    return Replay(general=[], schedule=ReplayOptions(rate=rate).schedule, budget=budget, max_rate=max_rate)
 
 
 def test_controller_raises_the_rate_over_target_lowers_it_under_and_stays_bounded():
@@ -95,16 +95,16 @@ def test_controller_raises_the_rate_over_target_lowers_it_under_and_stays_bounde
     old, new = replay.update(20, 116.0)  # +16%: a little over the target, a small step up
     assert 0 < new - old < 0.05
     rates = [replay.update(30 + i, 200.0)[1] for i in range(20)]
-    assert max(rates) == 0.5  # capped at data.max_mix_rate
+    assert max(rates) == 0.5  # capped at forgetting.max_replay_rate
     rates = [replay.update(60 + i, 95.0)[1] for i in range(40)]
     assert rates[-1] == 0.0 and min(rates) == 0.0  # well within: back to domain text, not below 0
     assert replay.rate(123, 1000) == 0.0  # the controlled rate, whatever the step
 
 
 def test_fixed_rate_and_schedule_follow_the_steps():
-    fixed = Replay(general=[], schedule=parse_mix_rate(0.2))
+    fixed = Replay(general=[], schedule=ReplayOptions(rate=0.2).schedule)
     assert fixed.rate(0, 100) == fixed.rate(99, 100) == 0.2
-    ramp = Replay(general=[], schedule=parse_mix_rate([[0.0, 0.0], [1.0, 0.4]]))
+    ramp = Replay(general=[], schedule=ReplayOptions(rate=[[0.0, 0.0], [1.0, 0.4]]).schedule)
     assert ramp.rate(0, 100) == 0.0 and ramp.rate(50, 100) == pytest.approx(0.2)
 
 
@@ -122,17 +122,17 @@ def test_controller_state_round_trips_and_summarizes():
     assert summary["final_rate"] == replay.controlled_rate
 
 
-def test_mix_rate_accepts_zero_and_schedules_and_refuses_bad_values():
-    assert parse_mix_rate(0.0).constant
+def test_replay_rate_accepts_zero_and_schedules_and_refuses_bad_values():
+    assert ReplayOptions(rate=0.0).schedule.constant
     for bad in (1.0, -0.1, [[0.0, 0.2], [0.0, 0.3]], "x"):
-        with pytest.raises(MLMAdaptError, match="data.mix_probability"):
-            parse_mix_rate(bad)
+        with pytest.raises(MLMAdaptError, match="data.replay.rate"):
+            ReplayOptions(rate=bad).check()
 
 
 def test_general_text_is_its_own_split_and_training_blocks_stay_domain(corpus_file, general_file, tmp_path):
     datamodule = MLMDataModule(
         train_files=[str(corpus_file)], validation_split=0.1, seed=1, cache_dir=str(tmp_path / "c"),
-        mix_files=[str(general_file)], mix_probability=0.25,
+        replay={"files": [str(general_file)], "rate": 0.25},
     )  # fmt: skip
     raw = datamodule.documents()
     general = set(general_file.read_text(encoding="utf-8").splitlines())
@@ -146,7 +146,7 @@ def test_prepare_writes_general_blocks_that_fit_replays_like_the_direct_path(
     from mlm_adapt.data.prepared import prepare_corpus
     from mlm_adapt.data.progress import Progress
 
-    settings = {"mix_files": [str(general_file)], "mix_probability": 0.3}
+    settings = {"replay": {"files": [str(general_file)], "rate": 0.3}}
     target = tmp_path / "prepared"
     manifest = prepare_corpus(
         make_datamodule(tiny_model_dir, corpus_file, tmp_path / "a", **settings),
@@ -160,17 +160,17 @@ def test_prepare_writes_general_blocks_that_fit_replays_like_the_direct_path(
         datamodule.setup("fit")
     assert loaded.corpus_stats == direct.corpus_stats
     assert loaded.corpus_stats["general_examples"] == manifest["splits"]["mix"]["blocks"]
-    blocks = [dm.replay.general.with_format(None)["input_ids"] for dm in (direct, loaded)]
+    blocks = [dm.replayer.general.with_format(None)["input_ids"] for dm in (direct, loaded)]
     assert blocks[0] == blocks[1]
     batch = next(iter(direct.train_dataloader()))
     mixed = [
-        dm.replay.mix(dict(batch), 0.3, dm.train_collator, dm.tokenizer.pad_token_id)
+        dm.replayer.mix(dict(batch), 0.3, dm.train_collator, dm.tokenizer.pad_token_id)
         for dm in (direct, loaded)
     ]
     assert all(torch.equal(mixed[0][k], mixed[1][k]) for k in mixed[0])
 
 
-def _fit_batches(tiny_model_dir, corpus_file, general_file, tmp_path, steps=6, **overrides):
+def _fit_batches(tiny_model_dir, corpus_file, general_file, tmp_path, steps=6, rate=0.0, **overrides):
     """The batches the model received in a short fit (after replay), and the rates logged."""
     import lightning as L
 
@@ -184,7 +184,11 @@ def _fit_batches(tiny_model_dir, corpus_file, general_file, tmp_path, steps=6, *
     from mlm_adapt.training import default_callbacks
 
     datamodule = make_datamodule(
-        tiny_model_dir, corpus_file, tmp_path, mix_files=[str(general_file)], **overrides
+        tiny_model_dir,
+        corpus_file,
+        tmp_path,
+        replay={"files": [str(general_file)], "rate": rate},
+        **overrides,
     )
     trainer = quiet_trainer(max_steps=steps, callbacks=[*default_callbacks(), Record()], limit_val_batches=1)
     trainer.fit(MaskedLMModule(str(tiny_model_dir), max_seq_length=64), datamodule=datamodule)
@@ -194,12 +198,12 @@ def _fit_batches(tiny_model_dir, corpus_file, general_file, tmp_path, steps=6, *
 def test_replayed_rows_are_general_blocks_masked_like_training(
     tiny_model_dir, corpus_file, general_file, tmp_path
 ):
-    seen, datamodule = _fit_batches(tiny_model_dir, corpus_file, general_file, tmp_path, mix_probability=0.5)
-    general = {tuple(r) for r in datamodule.replay.general["input_ids"]}
+    seen, datamodule = _fit_batches(tiny_model_dir, corpus_file, general_file, tmp_path, rate=0.5)
+    general = {tuple(r) for r in datamodule.replayer.general["input_ids"]}
     domain = {tuple(r) for r in datamodule.train_dataset["input_ids"]}
     replayed = total = 0
     for batch in seen:
-        assert float(batch["mix_rate"]) == 0.5
+        assert float(batch["replay_rate"]) == 0.5
         original = torch.where(batch["labels"] != -100, batch["labels"], batch["input_ids"])
         for row, n in zip(original, batch["attention_mask"].sum(1), strict=True):
             row = tuple(row[: int(n)].tolist())
@@ -221,12 +225,12 @@ def test_budget_checks_log_rates_and_keep_state_in_the_datamodule(
     seen, datamodule = _fit_batches(
         tiny_model_dir, corpus_file, general_file, tmp_path, steps=8,
         validation_files={"domain": None, "general": [str(general_file)]},
-        forgetting={"budget": 0.01, "check_interval": 2, "check_batches": 1}, mix_probability=0.1,
+        forgetting={"budget": 0.01, "check_interval": 2, "check_batches": 1}, rate=0.1,
     )  # fmt: skip
-    checks = datamodule.replay.checks
+    checks = datamodule.replayer.checks
     assert [c.step for c in checks] == [0, 2, 4, 6, 8]
     # Each step's batch carries the rate decided at the last check before it.
-    rates = [float(b["mix_rate"]) for b in seen]
+    rates = [float(b["replay_rate"]) for b in seen]
     expected = [next(c.rate for c in reversed(checks) if c.step <= step) for step in range(8)]
     assert rates == pytest.approx(expected)
     state = datamodule.state_dict()["replay"]
@@ -237,22 +241,25 @@ def test_budget_checks_log_rates_and_keep_state_in_the_datamodule(
     ("overrides", "message"),
     [
         ({"forgetting": {"budget": 0.2}}, "forgetting.budget needs general text to replay"),
-        ({"forgetting": {"budget": 0.2}, "mix_files": ["g.txt"]}, "general validation set"),
+        ({"forgetting": {"budget": 0.2}, "replay": {"files": ["g.txt"]}}, "general validation set"),
         # The general set held out of the training corpus is domain text: it shows no forgetting.
-        ({"forgetting": {"budget": 0.2}, "mix_files": ["g.txt"],
+        ({"forgetting": {"budget": 0.2}, "replay": {"files": ["g.txt"]},
           "validation_files": {"d": ["g.txt"], "g": None}},
          r"forgetting.budget: the general validation set data.validation_files.g is null"),
-        ({"forgetting": {"budget": 0.0}, "mix_files": ["g.txt"]}, "forgetting.budget=0.0 must be a finite"),
-        ({"mix_probability": 0.2}, "needs data.mix_files"),
-        ({"mix_probability": [[0.0, 0.1], [1.0, 0.3]], "forgetting": {"budget": 0.2}, "mix_files": ["g.txt"],
+        ({"forgetting": {"budget": 0.0}, "replay": {"files": ["g.txt"]}},
+         "forgetting.budget=0.0 must be a finite"),
+        ({"replay": {"rate": 0.2}}, "needs data.replay.files"),
+        ({"replay": {"files": ["g.txt"], "rate": [[0.0, 0.1], [1.0, 0.3]]}, "forgetting": {"budget": 0.2},
           "validation_files": {"d": None, "g": ["g.txt"]}}, "the starting rate, one number"),
-        ({"mix_probability": 0.6, "forgetting": {"budget": 0.2}, "mix_files": ["g.txt"],
-          "validation_files": {"d": None, "g": ["g.txt"]}}, "exceeds data.max_mix_rate"),
-        ({"max_mix_rate": 1.0}, "data.max_mix_rate=1.0"),
+        ({"replay": {"files": ["g.txt"], "rate": 0.6}, "forgetting": {"budget": 0.2},
+          "validation_files": {"d": None, "g": ["g.txt"]}}, "exceeds forgetting.max_replay_rate"),
+        ({"forgetting": {"max_replay_rate": 1.0}}, "forgetting.max_replay_rate=1.0"),
+        ({"replay": {"typo": 1}}, "data.replay.typo is no option; use files, rate"),
         ({"forgetting": {"check_interval": 0}}, "forgetting.check_interval=0"),
         ({"forgetting": {"check_batches": 0}}, "forgetting.check_batches=0"),
         ({"forgetting": {"interval": 3}}, "forgetting.interval is no option"),
-        ({"mix_files": ["g.txt"], "streaming": True}, "not available with data.streaming"),
+        ({"replay": {"files": ["g.txt"]}, "streaming": {"enabled": True}},
+         "not available with data.streaming.enabled"),
     ],
 )  # fmt: skip
 def test_replay_settings_are_refused_in_one_line(corpus_file, overrides, message):
@@ -261,8 +268,8 @@ def test_replay_settings_are_refused_in_one_line(corpus_file, overrides, message
     assert "\n" not in str(error.value)
 
 
-def test_a_resumed_rate_above_a_lowered_max_mix_rate_is_capped():
-    replay = Replay(general=[], schedule=parse_mix_rate(0.1), budget=0.2, max_rate=0.3)
+def test_a_resumed_rate_above_a_lowered_max_replay_rate_is_capped():
+    replay = Replay(general=[], schedule=ReplayOptions(rate=0.1).schedule, budget=0.2, max_rate=0.3)
     replay.load_state_dict({"rate": 0.45, "baseline": 100.0, "checks": [[0, 100.0, 0.1], [10, 150.0, 0.45]]})
     assert replay.controlled_rate == 0.3 and len(replay.checks) == 2
 
@@ -276,8 +283,8 @@ def test_a_general_validation_set_that_is_also_replayed_warns(
         corpus_file,
         tmp_path,
         validation_files={"domain": None, "general": [str(general_file)]},
-        mix_files=[str(general_file)],
+        replay={"files": [str(general_file)]},
     )
-    expected = r"data.validation_files.general: .* is also training data \(data.mix_files\)"
+    expected = r"data.validation_files.general: .* is also training data \(data.replay.files\)"
     with pytest.warns(UserWarning, match=expected):
         datamodule.setup("fit")

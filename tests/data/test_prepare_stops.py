@@ -220,7 +220,7 @@ def _table_args(model: Path, corpus: Path, target: Path, cache: Path, workers: i
         target,
         cache,
         f"--data.preprocessing_num_workers={'null' if workers is None else workers}",
-        '--data.segmenter={"class_path": "test_prepare_stops.CharSegmenter"}',
+        '--data.segmentation.segmenter={"class_path": "test_prepare_stops.CharSegmenter"}',
     )
 
 

@@ -49,7 +49,11 @@ def prepared_dir(tmp_path_factory, tiny_model_dir, corpus) -> Path:
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"packing": False, "group_by_length": True, "max_seq_length": 32}, {"masking": "ngram"}],
+    [
+        {},
+        {"blocks": {"packing": False, "group_by_length": True}, "max_seq_length": 32},
+        {"masking": {"scheme": "ngram"}},
+    ],
     ids=["packed", "unpacked-grouped", "ngram"],
 )
 def test_prepared_batches_equal_the_direct_path(tiny_model_dir, corpus, tmp_path, overrides):
@@ -122,10 +126,13 @@ def _new_tokens(tmp_path: Path) -> str:
 
 MISMATCHES = {
     "max_seq_length": (lambda t: {"max_seq_length": 32}, "max_seq_length 64 → 32"),
-    "packing": (lambda t: {"packing": False}, "packing true → false"),
-    "segmenter": (lambda t: {"segmenter": "jieba"}, "segmenter backend rjieba, hmm False → backend jieba"),
-    "hmm": (lambda t: {"hmm": True}, "hmm False → backend rjieba, hmm True"),
-    "user_dict": (lambda t: {"user_dict": _user_dict(t)}, "user_dict none → file "),
+    "packing": (lambda t: {"blocks": {"packing": False}}, "packing true → false"),
+    "segmenter": (
+        lambda t: {"segmentation": {"segmenter": "jieba"}},
+        "segmenter backend rjieba, hmm False → backend jieba",
+    ),
+    "hmm": (lambda t: {"segmentation": {"hmm": True}}, "hmm False → backend rjieba, hmm True"),
+    "user_dict": (lambda t: {"segmentation": {"user_dict": _user_dict(t)}}, "user_dict none → file "),
     "added_tokens": (lambda t: {"new_tokens_file": _new_tokens(t)}, "added_tokens none → 2 tokens"),
     "tokenizer": (lambda t: {"tokenizer_name_or_path": str(_other_tokenizer(t))}, "other (files "),
     "validation_sets": (
@@ -134,10 +141,13 @@ MISMATCHES = {
     ),
     "held_out_seed": (lambda t: {"seed": 1}, "held_out_split fraction 0.05, seed 42 → fraction 0.05, seed 1"),
     # Both change the blocks (a [CLS]/[SEP] per document; the words of the converted text).
-    "document_attention": (lambda t: {"document_attention": True}, "document_attention false → true"),
-    "opencc": (lambda t: {"opencc": "t2s"}, 'opencc none → "t2s"'),
+    "document_attention": (
+        lambda t: {"blocks": {"document_attention": True}},
+        "document_attention false → true",
+    ),
+    "opencc": (lambda t: {"segmentation": {"opencc": "t2s"}}, 'opencc none → "t2s"'),
     # General text for replay is a split of its own: a directory without it cannot replay.
-    "mix_files": (lambda t: {"mix_files": ["general.txt"]}, "mix none → files ['general.txt']"),
+    "replay_files": (lambda t: {"replay": {"files": ["general.txt"]}}, "replay none → files ['general.txt']"),
 }
 
 
@@ -182,7 +192,7 @@ CRAFTED = {
     # A directory of the previous format (its parts record no corpus): re-run prepare, in one line.
     "format_version_2": (
         lambda d, m: m.update(format_version=2),
-        "format version 2, this mlm_adapt reads 3; run `python -m mlm_adapt prepare",
+        "format version 2, this mlm_adapt reads 4; run `python -m mlm_adapt prepare",
     ),
     "shard_missing": (lambda d, m: (d / _shard(m)["file"]).unlink(), "is missing or not an Arrow file"),
 }

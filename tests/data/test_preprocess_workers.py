@@ -142,7 +142,7 @@ def test_a_segmenter_failing_in_a_worker_is_the_same_one_line_as_in_one_process(
             to_blocks(documents, tokenizer, Segmentation(_FailsOnOneText()), 64, True, num_proc=workers)
         messages.append(str(raised.value))
     assert messages[0] == messages[1]
-    assert messages[0].startswith("data.segmenter:") and "这句无法切分" in messages[0]
+    assert messages[0].startswith("data.segmentation.segmenter:") and "这句无法切分" in messages[0]
     assert not multiprocessing.active_children()
 
 

@@ -35,9 +35,9 @@ def test_streaming_ddp_with_uneven_shards_finishes_on_both_ranks(tiny_model_dir,
         f"--data.validation_files=[{val}]",
         # Line-by-line blocks stay the same across passes (packing re-packs each reshuffled pass differently),
         # so a restarted shard shows up as repeated blocks.
-        "--data.streaming=true",
-        "--data.shuffle_buffer_size=16",
-        "--data.packing=false",
+        "--data.streaming.enabled=true",
+        "--data.streaming.shuffle_buffer_size=16",
+        "--data.blocks.packing=false",
         "--trainer.devices=2",
         "--trainer.strategy=ddp",
         f"--trainer.max_steps={steps}",
@@ -62,15 +62,15 @@ def two_file_datamodule(tiny_model_dir, review_texts, tmp_path):
     files = [_write(tmp_path / f"part{i}.txt", review_texts[i * 40 : (i + 1) * 40]) for i in range(2)]
     val = _write(tmp_path / "val.txt", review_texts[500:520])
 
-    def make(**kwargs) -> MLMDataModule:
+    def make(shuffle_buffer_size: int = 10_000, **kwargs) -> MLMDataModule:
         dm = MLMDataModule(
             train_files=[str(f) for f in files],
             validation_files=[str(val)],
             tokenizer_name_or_path=str(tiny_model_dir),
             max_seq_length=32,
-            streaming=True,
             batch_size=4,
             **kwargs,
+            streaming={"enabled": True, "shuffle_buffer_size": shuffle_buffer_size},
         )
         dm.setup("fit")
         return dm
@@ -79,7 +79,7 @@ def two_file_datamodule(tiny_model_dir, review_texts, tmp_path):
 
 
 def test_streaming_workers_read_disjoint_files(two_file_datamodule):
-    dm = two_file_datamodule(num_workers=2, shuffle_buffer_size=0, packing=False)
+    dm = two_file_datamodule(num_workers=2, shuffle_buffer_size=0, blocks={"packing": False})
     loader = dm.train_dataloader()
     one_pass = [tuple(row["input_ids"]) for row in loader.dataset.blocks]  # the rank's blocks, read once
     assert len(set(one_pass)) == len(one_pass)
@@ -139,8 +139,8 @@ def test_streaming_workers_build_a_class_path_segmenter_from_its_config_value(tw
     value, and no built segmenter is pickled."""
     log = tmp_path / "builds.txt"
     spec = {"class_path": f"{__name__}.PidRecordingSegmenter", "init_args": {"log": str(log)}}
-    dm = two_file_datamodule(num_workers=2, shuffle_buffer_size=0, segmenter=spec)
-    assert dm.hparams.segmenter == spec
+    dm = two_file_datamodule(num_workers=2, shuffle_buffer_size=0, segmentation={"segmenter": spec})
+    assert dm.hparams.segmentation["segmenter"] == spec
     assert log.read_text(encoding="utf-8").split() == [str(os.getpid())]  # built once, by the data module
     loader = dm.train_dataloader()
     loader.multiprocessing_context = "spawn"

@@ -29,7 +29,7 @@ def _validation(tmp_path: Path, review_texts: list[str]) -> Path:
 def test_streaming_setup_names_file_and_line(tiny_model_dir, review_texts, tmp_path):
     # Without validation_files, setup reads held-out documents from the stream: the error comes from there.
     corpus = _gbk_corpus(tmp_path, review_texts, bad_line=40)
-    datamodule = make_datamodule(tiny_model_dir, corpus, tmp_path, streaming=True)
+    datamodule = make_datamodule(tiny_model_dir, corpus, tmp_path, streaming={"enabled": True})
     with pytest.raises(MLMAdaptError, match=r"mixed\.txt line 40 is not UTF-8.*iconv -f GB18030"):
         datamodule.setup("fit")
 
@@ -40,7 +40,7 @@ def test_streaming_training_batches_name_file_and_line(tiny_model_dir, review_te
         tiny_model_dir,
         corpus,
         tmp_path,
-        streaming=True,
+        streaming={"enabled": True},
         validation_files=[str(_validation(tmp_path, review_texts))],
     )
     datamodule.setup("fit")
@@ -57,7 +57,7 @@ def test_streaming_error_from_a_worker_is_one_line(tiny_model_dir, review_texts,
         "--model.max_seq_length=64",
         f"--data.train_files=[{corpus}]",
         f"--data.validation_files=[{_validation(tmp_path, review_texts)}]",
-        "--data.streaming=true",
+        "--data.streaming.enabled=true",
         "--data.num_workers=1",
         "--data.batch_size=8",
         f"--data.cache_dir={tmp_path / 'cache'}",

@@ -95,7 +95,12 @@ def test_forgetting_warning_must_be_positive(tiny_model_dir, corpus_file, tmp_pa
 def test_streaming_keeps_every_named_set_in_memory(tiny_model_dir, corpus_file, general_file, tmp_path):
     files = {"domain": None, "general": [str(general_file)]}
     streamed = make_datamodule(
-        tiny_model_dir, corpus_file, tmp_path, streaming=True, validation_split=0.1, validation_files=files
+        tiny_model_dir,
+        corpus_file,
+        tmp_path,
+        streaming={"enabled": True},
+        validation_split=0.1,
+        validation_files=files,
     )
     streamed.setup("fit")
     assert list(streamed.val_datasets) == ["domain", "general"] and len(streamed.val_datasets["domain"]) > 0

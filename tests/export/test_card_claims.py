@@ -21,7 +21,7 @@ def _rows(card: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("scheme", list(SCHEME_DESCRIPTIONS))
 def test_the_card_names_the_masking_scheme_the_run_used(scheme):
-    card = _card(masking=scheme, train_files=["reviews.txt"])
+    card = _card(masking={"scheme": scheme}, train_files=["reviews.txt"])
     name, unit = SCHEME_DESCRIPTIONS[scheme]
     assert f"pretraining with {name} (mlm_adapt" in card
     assert _rows(card)["masking"].startswith(f"{name} ({unit})")
@@ -30,7 +30,8 @@ def test_the_card_names_the_masking_scheme_the_run_used(scheme):
 
 
 def test_the_card_names_the_segmenter_and_its_options():
-    rows = _rows(_card(segmenter="jieba", hmm=False, opencc="t2s", user_dict="terms.txt", train_files=["a"]))
+    segmentation = {"segmenter": "jieba", "hmm": False, "opencc": "t2s", "user_dict": "terms.txt"}
+    rows = _rows(_card(segmentation=segmentation, train_files=["a"]))
     assert (rows["segmenter"], rows["jieba HMM"], rows["segmented through OpenCC"]) == (
         "`jieba`",
         "false",
@@ -50,23 +51,24 @@ def test_a_prepared_run_names_the_directory_it_read_not_the_command_lines_files(
 
 
 def test_the_card_states_replay_as_configured_and_the_budgets_trajectory():
-    from mlm_adapt.data.replay import Replay, parse_mix_rate, replay_summary
+    from mlm_adapt.data.replay import Replay, ReplayOptions, replay_summary
 
     assert "general text replayed" not in _rows(_card(train_files=["a"]))
-    fixed = _rows(_card(train_files=["a"], mix_files=["news.txt"], mix_probability=[[0.0, 0.0], [1.0, 0.3]]))
+    replayed = {"files": ["news.txt"], "rate": [[0.0, 0.0], [1.0, 0.3]]}
+    fixed = _rows(_card(train_files=["a"], replay=replayed))
     assert fixed["general text replayed"] == (
-        "`news.txt` at mix rate 0 at 0% -> 0.3 at 100% of the optimizer steps (piecewise linear)"
+        "`news.txt` at replay rate 0 at 0% -> 0.3 at 100% of the optimizer steps (piecewise linear)"
     )
-    replay = Replay(general=[], schedule=parse_mix_rate(0.0), budget=0.2)
+    replay = Replay(general=[], schedule=ReplayOptions(rate=0.0).schedule, budget=0.2)
     for step, perplexity in [(0, 100.0), (10, 135.0), (20, 128.0), (30, 118.0)]:
         replay.update(step, perplexity)
     info = ExportInfo(
         model_hparams={"model_name_or_path": "tiny"},
-        data_hparams={"train_files": ["a"], "mix_files": ["news.txt"], "forgetting": {"budget": 0.2}},
+        data_hparams={"train_files": ["a"], "replay": {"files": ["news.txt"]}, "forgetting": {"budget": 0.2}},
         replay=replay_summary(replay.state_dict()),
     )
     card = str(render_model_card(info, title="demo"))
-    assert _rows(card)["general text replayed"].endswith("mix rate set by forgetting.budget=0.2")
+    assert _rows(card)["general text replayed"].endswith("replay rate set by forgetting.budget=0.2")
     assert "## Forgetting budget" in card
     assert "3 check(s) ran after step 0, the last at step 30, where it was +18.0%: the budget held" in card
     table = [line for line in card.splitlines() if line.startswith("| ") and line[2].isdigit()]
@@ -81,8 +83,8 @@ SEGMENTERS = {
 SCHEDULES = {"constant": 0.15, "decay": [[0.0, 0.3], [1.0, 0.15]]}
 REPLAY = {
     "none": {},
-    "fixed": {"mix_files": ["news.txt"], "mix_probability": 0.1},
-    "budget": {"mix_files": ["news.txt"], "forgetting": {"budget": 0.2}},
+    "fixed": {"replay": {"files": ["news.txt"], "rate": 0.1}},
+    "budget": {"replay": {"files": ["news.txt"]}, "forgetting": {"budget": 0.2}},
 }
 
 
@@ -97,12 +99,8 @@ def test_every_sentence_follows_from_the_runs_settings(scheme, segmenter, schedu
 
     spec, shown = SEGMENTERS[segmenter]
     data = {
-        "masking": scheme,
-        "segmenter": spec,
-        "hmm": False,
-        "user_dict": None,
-        "mlm_probability": SCHEDULES[schedule],
-        "eval_mlm_probability": 0.15,
+        "masking": {"scheme": scheme, "mlm_probability": SCHEDULES[schedule], "eval_mlm_probability": 0.15},
+        "segmentation": {"segmenter": spec, "hmm": False, "user_dict": None},
         "train_files": ["domain.txt"],
         **REPLAY[replay],
     }
@@ -135,22 +133,22 @@ def test_every_sentence_follows_from_the_runs_settings(scheme, segmenter, schedu
     replayed = rows.get("general text replayed")
     expected_replay = {
         "none": None,
-        "fixed": "`news.txt` at mix rate 0.1",
-        "budget": "`news.txt`, mix rate set by forgetting.budget=0.2",
+        "fixed": "`news.txt` at replay rate 0.1",
+        "budget": "`news.txt`, replay rate set by forgetting.budget=0.2",
     }[replay]
     assert replayed == expected_replay
     assert "downstream/<task>" not in card and "val_<name>" not in card  # none of either in this run
 
 
 def test_a_token_masking_fit_exports_a_card_without_whole_word_masking(tiny_model_dir, corpus_file, tmp_path):
-    """Through the CLI, as a user runs it: the tags and the text follow ``--data.masking token``."""
+    """Through the CLI, as a user runs it: the tags and the text follow ``--data.masking.scheme token``."""
     from conftest import tiny_fit_args
     from huggingface_hub import ModelCard
 
     from mlm_adapt.cli.commands import main
 
     args = tiny_fit_args(
-        tiny_model_dir, corpus_file, tmp_path, "--data.masking=token", "--trainer.max_steps=2"
+        tiny_model_dir, corpus_file, tmp_path, "--data.masking.scheme=token", "--trainer.max_steps=2"
     )
     main(["fit", *args, f"--export.output_dir={tmp_path / 'export'}", "--trainer.logger=false"])
     card = ModelCard.load(tmp_path / "export" / "README.md")

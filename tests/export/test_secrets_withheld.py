@@ -28,7 +28,7 @@ class CloudSegmenter:
 
 def segmenter(api_key: str = KEY, **init_args) -> str:
     spec = {"class_path": f"{__name__}.CloudSegmenter", "init_args": {"api_key": api_key, **init_args}}
-    return f"--data.segmenter={json.dumps(spec)}"
+    return f"--data.segmentation.segmenter={json.dumps(spec)}"
 
 
 def secrets_in(root: Path) -> list[str]:
@@ -76,8 +76,8 @@ def test_withheld_at_any_depth_of_init_args_only():
         },
         "trainer": {"logger": [{"class_path": "W", "init_args": {"token": WITHHELD, "project": "law"}}]},
     }
-    assert secret_setting("data.segmenter.init_args.api_key") and not secret_setting(
-        "data.segmenter.class_path"
+    assert secret_setting("data.segmentation.segmenter.init_args.api_key") and not secret_setting(
+        "data.segmentation.segmenter.class_path"
     )
 
 
@@ -113,7 +113,7 @@ def test_a_segmenters_key_is_published_nowhere_printed_never_and_rotates_across_
     code, printed = run(
         ["fit", *base, segmenter(ROTATED, max_chars=2), "--trainer.max_steps=7", "--ckpt_path=last"], capfd
     )
-    assert code == 2 and "data.segmenter.init_args.max_chars: 1 -> 2" in printed, printed[-2000:]
+    assert code == 2 and "data.segmentation.segmenter.init_args.max_chars: 1 -> 2" in printed, printed[-2000:]
     assert not any(s in printed for s in (KEY, ROTATED, MARKED))
 
     # export from the checkpoint: the card and config it writes withhold them too.

@@ -144,7 +144,7 @@ def test_masks_are_reproducible_new_each_epoch_and_fixed_for_validation(tokenize
 
 
 def test_collator_rejects_bad_settings(tokenizer):
-    with pytest.raises(MLMAdaptError, match=r"data.mlm_probability=1.5 must be in \(0, 1\)"):
+    with pytest.raises(MLMAdaptError, match=r"data.masking.mlm_probability=1.5 must be in \(0, 1\)"):
         WholeWordMaskCollator(tokenizer, mlm_probability=1.5)
     with pytest.raises(MLMAdaptError, match="exceeds 1"):
         WholeWordMaskCollator(tokenizer, mask_replace_prob=0.9, random_replace_prob=0.2)

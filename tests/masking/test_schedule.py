@@ -66,11 +66,11 @@ def test_bad_schedules_give_one_line(value, fragment):
     with pytest.raises(MLMAdaptError) as error:
         parse_schedule(value)
     message = str(error.value)
-    assert "data.mlm_probability" in message and fragment in message and "\n" not in message
+    assert "data.masking.mlm_probability" in message and fragment in message and "\n" not in message
 
 
 def _features(tokenizer, n_examples, seed=0, rate=None):
-    """Examples of 2-60 words of 1-4 tokens, each optionally carrying a ``mask_rate``."""
+    """Examples of 2-60 words of 1-4 tokens, each optionally carrying a ``mlm_probability``."""
     rng = np.random.default_rng(seed)
     vocab = ordinary_token_ids(tokenizer)
     features = []
@@ -84,7 +84,7 @@ def _features(tokenizer, n_examples, seed=0, rate=None):
         wids.append(-1)
         feature = {"input_ids": ids, "word_ids": wids, "example_id": seed * 1000 + n, "epoch": 0}
         if rate is not None:
-            feature["mask_rate"] = rate
+            feature["mlm_probability"] = rate
         features.append(feature)
     return features
 
@@ -122,7 +122,7 @@ def test_examples_without_a_rate_use_the_collator_rate_bit_for_bit(tokenizer):
 def test_per_example_rates_mask_whole_words_near_each_target(tokenizer, rates, seed):
     features = _features(tokenizer, len(rates), seed=seed)
     for feature, rate in zip(features, rates, strict=True):
-        feature["mask_rate"] = rate
+        feature["mlm_probability"] = rate
     batch = WholeWordMaskCollator(tokenizer)(features)
     selected = batch["labels"] != -100
     word_ids = batch["word_ids"]

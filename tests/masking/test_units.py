@@ -87,7 +87,7 @@ def test_collator_schemes_keep_the_rate_and_their_units(tokenizer, review_texts)
     features = _features(tokenizer, review_texts)
     rates, partial = {}, {}
     for scheme in ("whole_word", "ngram", "token"):
-        collator = WholeWordMaskCollator(tokenizer, mlm_probability=0.15, seed=3, masking=scheme)
+        collator = WholeWordMaskCollator(tokenizer, mlm_probability=0.15, seed=3, scheme=scheme)
         batch = collator(features)
         selected, words = batch["labels"] != -100, batch["word_ids"]
         # [UNK] inside a word is never masked (a special token), so it is left out of the word here.
@@ -109,7 +109,7 @@ def test_ngram_masks_longer_runs_than_whole_word(tokenizer, review_texts):
     features = _features(tokenizer, review_texts)
 
     def mean_masked_words_per_run(scheme):
-        batch = WholeWordMaskCollator(tokenizer, seed=5, masking=scheme)(features)
+        batch = WholeWordMaskCollator(tokenizer, seed=5, scheme=scheme)(features)
         selected = (batch["labels"] != -100).long()
         starts = (selected[:, 1:] > selected[:, :-1]).sum()
         masked_words = sum(

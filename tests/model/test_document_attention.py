@@ -105,7 +105,7 @@ def test_each_document_gets_the_logits_it_gets_alone(family, kernel):
             from mlm_adapt.model.heads import check_document_attention
 
             check_document_attention(module.model)
-        assert "data.document_attention" in str(error.value) and "\n" not in str(error.value)
+        assert "data.blocks.document_attention" in str(error.value) and "\n" not in str(error.value)
         return
     batch = _batch(family, _reviews())
     packed = _token_logits(module, batch)
@@ -143,13 +143,13 @@ def test_a_document_does_not_see_its_neighbours():
 
 
 def test_fit_with_document_attention_runs_and_deberta_refuses_at_setup(tiny_model_dir, corpus_file, tmp_path):
-    dm = make_datamodule(tiny_model_dir, corpus_file, tmp_path, document_attention=True)
+    dm = make_datamodule(tiny_model_dir, corpus_file, tmp_path, blocks={"document_attention": True})
     module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64)
     trainer = quiet_trainer(max_steps=3, limit_val_batches=1, val_check_interval=3)
     trainer.fit(module, datamodule=dm)
     assert torch.isfinite(trainer.callback_metrics["val/loss"])
 
     deberta = family_dir("deberta")
-    dm = make_datamodule(deberta, corpus_file, tmp_path / "d", document_attention=True)
-    with pytest.raises(MLMAdaptError, match="data.document_attention: DebertaV2ForMaskedLM"):
+    dm = make_datamodule(deberta, corpus_file, tmp_path / "d", blocks={"document_attention": True})
+    with pytest.raises(MLMAdaptError, match="data.blocks.document_attention: DebertaV2ForMaskedLM"):
         quiet_trainer(max_steps=1).fit(MaskedLMModule(str(deberta), max_seq_length=64), datamodule=dm)

@@ -156,12 +156,14 @@ def test_length_grouping_reduces_padding_and_keeps_masks(line_blocks, tokenizer)
 
 def test_datamodule_picks_grouped_sampler_only_line_by_line(corpus_file, tiny_model_dir, tmp_path):
     for packing, grouped in ((False, True), (True, False)):
-        dm = make_datamodule(tiny_model_dir, corpus_file, tmp_path, packing=packing)
+        dm = make_datamodule(tiny_model_dir, corpus_file, tmp_path, blocks={"packing": packing})
         dm.setup("fit")
         sampler = dm.train_dataloader().sampler
         assert isinstance(sampler, LengthGroupedEpochSampler) is grouped
         assert isinstance(sampler, EpochSampler)
-    dm = make_datamodule(tiny_model_dir, corpus_file, tmp_path, packing=False, group_by_length=False)
+    dm = make_datamodule(
+        tiny_model_dir, corpus_file, tmp_path, blocks={"packing": False, "group_by_length": False}
+    )
     dm.setup("fit")
     assert not isinstance(dm.train_dataloader().sampler, LengthGroupedEpochSampler)
 

@@ -1,4 +1,5 @@
-"""data.opencc segments a Simplified copy of Traditional text and keeps the original characters."""
+"""data.segmentation.opencc segments a Simplified copy of Traditional text and keeps the original
+characters."""
 
 from __future__ import annotations
 
@@ -62,5 +63,7 @@ def test_a_conversion_that_changes_length_falls_back_to_characters():
 
 
 def test_unknown_opencc_configuration_is_one_line():
-    with pytest.raises(MLMAdaptError, match=r"data.opencc: unknown OpenCC configuration 's2t'; use one of"):
+    with pytest.raises(
+        MLMAdaptError, match=r"data.segmentation.opencc: unknown OpenCC configuration 's2t'; use one of"
+    ):
         Segmentation("rjieba", opencc="s2t")

@@ -45,7 +45,7 @@ def test_user_dict_content_changes_the_fingerprint_state(tmp_path):
 
 
 def test_user_dict_errors_name_the_file(tmp_path):
-    with pytest.raises(MLMAdaptError, match="data.user_dict: .*does not exist"):
+    with pytest.raises(MLMAdaptError, match="data.segmentation.user_dict: .*does not exist"):
         read_user_dict(tmp_path / "missing.txt")
     bad = tmp_path / "bad.txt"
     bad.write_text("词语 many\n", encoding="utf-8")

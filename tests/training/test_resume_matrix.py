@@ -34,10 +34,10 @@ def _general(root: Path) -> Path:
 def _replay(root: Path) -> list[str]:
     general = _general(root)
     return [
-        f"--data.mix_files=[{general}]",
+        f"--data.replay.files=[{general}]",
         f'--data.validation_files={{"domain": null, "general": ["{general}"]}}',
-        "--data.mix_probability=0.5",
-        "--data.max_mix_rate=0.95",
+        "--data.replay.rate=0.5",
+        "--forgetting.max_replay_rate=0.95",
         "--forgetting.budget=0.05",
         "--forgetting.check_interval=3",  # checks at steps 3, 6, 9, 12: between the validations
         "--forgetting.check_batches=1",
@@ -167,7 +167,7 @@ def assert_stop_and_resume_reproduces(model_dir, straight_runs, tmp_path, settin
     second = _fit(_args(model_dir, corpus, root, shared, setting, "--ckpt_path=last"))
     assert second.returncode == 0, second.stderr[-3000:]
 
-    key = ("step", "epoch", "batch_idx", "digest", "mix_rate")
+    key = ("step", "epoch", "batch_idx", "digest", "replay_rate")
     for rank in range(ranks):
         expected = read_records(straight / "rec", rank)
         assert [r["step"] for r in expected][-1] == STEPS - 1

@@ -12,11 +12,27 @@ SPEC = {"class_path": "my.Segmenter", "init_args": {"max_chars": 3}}
 @pytest.mark.parametrize(
     ("saved", "current", "conflict"),
     [
-        ({"segmenter": "rjieba"}, {"segmenter": "thulac"}, "data.segmenter: 'rjieba' -> 'thulac'"),
-        ({"segmenter": SPEC}, {"segmenter": {**SPEC, "init_args": {"max_chars": 2}}}, "max_chars: 3 -> 2"),
-        ({"segmenter": SPEC}, {"segmenter": {**SPEC, "class_path": "my.Other"}}, "'my.Segmenter' -> 'my.O"),
-        ({"opencc": None}, {"opencc": "t2s"}, "data.opencc: None -> 't2s'"),
-        ({"hmm": False}, {"hmm": True}, "data.hmm: False -> True"),
+        (
+            {"segmentation.segmenter": "rjieba"},
+            {"segmentation.segmenter": "thulac"},
+            "data.segmentation.segmenter: 'rjieba' -> 'thulac'",
+        ),
+        (
+            {"segmentation.segmenter": SPEC},
+            {"segmentation.segmenter": {**SPEC, "init_args": {"max_chars": 2}}},
+            "max_chars: 3 -> 2",
+        ),
+        (
+            {"segmentation.segmenter": SPEC},
+            {"segmentation.segmenter": {**SPEC, "class_path": "my.Other"}},
+            "'my.Segmenter' -> 'my.O",
+        ),
+        (
+            {"segmentation.opencc": None},
+            {"segmentation.opencc": "t2s"},
+            "data.segmentation.opencc: None -> 't2s'",
+        ),
+        ({"segmentation.hmm": False}, {"segmentation.hmm": True}, "data.segmentation.hmm: False -> True"),
     ],
     ids=["builtin-name", "init-arg", "class-path", "opencc", "hmm"],
 )
@@ -25,7 +41,9 @@ def test_changed_segmentation_is_a_resume_conflict(saved, current, conflict):
     assert len(conflicts) == 1 and conflict in conflicts[0]
 
 
-def test_same_segmentation_and_old_checkpoints_without_it_resume():
-    assert resume_conflicts({"data": {"segmenter": SPEC}}, {"data": {"segmenter": dict(SPEC)}}) == []
-    old_checkpoint = {"data": {"segmenter": "rjieba"}}  # written before data.opencc existed
-    assert resume_conflicts(old_checkpoint, {"data": {"segmenter": "rjieba", "opencc": "t2s"}}) == []
+def test_same_segmentation_and_a_record_without_opencc_resume():
+    same = {"data": {"segmentation.segmenter": dict(SPEC)}}
+    assert resume_conflicts({"data": {"segmentation.segmenter": SPEC}}, same) == []
+    without_opencc = {"data": {"segmentation.segmenter": "rjieba"}}  # what one side lacks is not compared
+    current = {"data": {"segmentation.segmenter": "rjieba", "segmentation.opencc": "t2s"}}
+    assert resume_conflicts(without_opencc, current) == []
