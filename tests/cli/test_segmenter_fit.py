@@ -61,8 +61,8 @@ def test_class_path_segmenter_with_opencc_fits_and_is_resume_fixed(
     )
     main(["fit", *args])
     saved = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
-    data = saved["datamodule_hyper_parameters"]
-    assert data["segmenter"] == segmenter and data["opencc"] == "t2s"
+    segmentation = saved["datamodule_hyper_parameters"]["segmentation"]
+    assert segmentation["segmenter"] == segmenter and segmentation["opencc"] == "t2s"
     (metrics,) = tmp_path.rglob("metrics.csv")
     assert "val/loss" in metrics.read_text().splitlines()[0]
     # Another init arg changes the words masked as a whole: resuming with it is refused in one line.
@@ -112,7 +112,7 @@ def test_segmenter_without_type_hints_fits(tiny_model_dir, corpus_file, tmp_path
     )
     main(["fit", *args])
     saved = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
-    assert saved["datamodule_hyper_parameters"]["segmenter"] == segmenter
+    assert saved["datamodule_hyper_parameters"]["segmentation"]["segmenter"] == segmenter
 
 
 @pytest.mark.parametrize(
