@@ -47,6 +47,7 @@ from mlm_adapt.training.resume import (
 )
 
 _GIVEN = re.compile(r"Given value: (.*)")
+_LINK_TARGET = re.compile(r"argument ([\w.]+) --> ([\w.]+): ")
 _GROUP_VALUE = re.compile(r"""Parser key "([\w.]+)":\s*Unable to load config '([^']*)'""")
 # Whether the parser is applying given values (:meth:`MLMAdaptArgumentParser._apply_actions`).
 _GIVEN_VALUES: ContextVar[bool] = ContextVar("mlm_adapt_given_values", default=False)
@@ -64,6 +65,9 @@ def option_error_line(message: str) -> str | None:
     value, why, and what is accepted, instead of the usage and a dozen lines about every union member."""
     given = _GIVEN.search(message)
     value = given.group(1).strip() if given else "?"
+    link = _LINK_TARGET.match(message)
+    if link:  # a link target given as a flag (jsonargparse words it by the value's type)
+        return f"{link.group(2)}: it is set from {link.group(1)}; give {link.group(1)} instead"
     group = _GROUP_VALUE.match(message)
     if group:  # a value where a group of options goes: a file jsonargparse could not load
         return (
@@ -112,6 +116,12 @@ CKPT_PATH_HELP = (
     "A checkpoint: a .ckpt file (or FSDP sharded directory) the trainer wrote; ``last``: the run's newest "
     "last.ckpt (a new run when it has none); ``hpc``: the Slurm requeue checkpoint in "
     "trainer.default_root_dir. fit resumes it exactly; validate and test evaluate its weights."
+)
+
+
+SEED_HELP = (
+    "The run's one seed: the model's new weights, dropout, the validation split, the order of the "
+    "examples, their masks and the replay draws all follow it; true draws one at random"
 )
 
 
@@ -260,6 +270,8 @@ class MLMAdaptCLI(LightningCLI):
         for action in parser._actions:
             if action.dest == "ckpt_path":
                 action.help = CKPT_PATH_HELP  # Lightning's names a model registry this tool has no use for
+            elif action.dest == "seed_everything":
+                action.help = SEED_HELP
             elif action.dest == "trainer.model_registry":
                 action.help = argparse.SUPPRESS
         return parser
@@ -269,6 +281,9 @@ class MLMAdaptCLI(LightningCLI):
         parser.link_arguments("model.model_name_or_path", "data.tokenizer_name_or_path")
         parser.link_arguments("model.max_seq_length", "data.max_seq_length")
         parser.link_arguments("model.new_tokens_file", "data.new_tokens_file")
+        # One seed for the run: the data module's split, order, masks and replay draws follow it (true, a
+        # random draw, reaches the data module through Lightning's seeding, as the dropout seeds do).
+        parser.link_arguments("seed_everything", "data.seed")
         # Always present (``export:`` in YAML, ``--export.*`` flags); ``export.enabled: false`` turns it off.
         parser.add_lightning_class_args(HFExport, "export")
         # ``forgetting:`` in YAML (``--forgetting.*``): the data module holds it, the callbacks read it there.

@@ -37,7 +37,7 @@ from mlm_adapt.guard.locks import locked
 from mlm_adapt.masking import MaskingScheme, WholeWordMaskCollator
 from mlm_adapt.masking.options import MaskingOptions
 from mlm_adapt.masking.schedule import ScheduledRates, Stepping, trainer_stepping
-from mlm_adapt.options import as_options, plain
+from mlm_adapt.options import as_options, plain, run_seed
 from mlm_adapt.text.blocks import BlockOptions
 from mlm_adapt.text.corpus import load_files, load_hub
 from mlm_adapt.text.files import expand_files
@@ -151,7 +151,8 @@ class MLMDataModule(L.LightningDataModule):
         eval_batch_size: Validation/test batch size (default: ``batch_size``).
         num_workers: DataLoader worker processes.
         preprocessing_num_workers: Forked processes segmenting, tokenizing and packing (same blocks for any).
-        seed: Seed for the validation split, shuffling and masking.
+        seed: Seed of the validation split, the order, the masks and the replay draws; ``None`` or a bool:
+            the run's (``seed_everything``, which the CLI links here: the one seed of a run).
         cache_dir: Where ``datasets`` caches loaded and preprocessed data (default: its own cache).
         prepared_dir: Written by ``python -m mlm_adapt prepare``: its blocks are memory-mapped, no raw file
             is read. Settings differing from its manifest are refused.
@@ -180,7 +181,7 @@ class MLMDataModule(L.LightningDataModule):
         eval_batch_size: int | None = None,
         num_workers: int = 2,
         preprocessing_num_workers: int | None = None,
-        seed: int = 42,
+        seed: int | bool | None = None,
         cache_dir: str | None = None,
         prepared_dir: str | None = None,
         forgetting: ForgettingOptions | None = None,
@@ -195,6 +196,8 @@ class MLMDataModule(L.LightningDataModule):
         self.replay = as_options(ReplayOptions, replay, "data.replay")
         self.streaming = as_options(StreamingOptions, streaming, "data.streaming")
         self.forgetting = as_options(ForgettingOptions, forgetting, "forgetting")
+        # ``seed_everything: true`` (or false) reaches here as a bool: the seed Lightning drew (or none).
+        self.seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else run_seed()
         groups = {
             "segmentation": self.segmentation,
             "masking": self.masking,
@@ -256,14 +259,13 @@ class MLMDataModule(L.LightningDataModule):
         return self._collator(scheme, rate)
 
     def _collator(self, scheme: MaskingScheme, rate: float) -> WholeWordMaskCollator:
-        hp = self.hparams
         return WholeWordMaskCollator(
             self.tokenizer,
             mlm_probability=rate,
             mask_replace_prob=self.masking.mask_replace_prob,
             random_replace_prob=self.masking.random_replace_prob,
             pad_to_multiple_of=self.blocks.pad_to_multiple_of,
-            seed=hp.seed,
+            seed=self.seed,
             scheme=scheme,
             # Unpacked blocks hold one document each: nothing to separate.
             document_attention=self.blocks.document_attention and self.blocks.packing,
@@ -328,7 +330,7 @@ class MLMDataModule(L.LightningDataModule):
         if held_out:
             if hp.validation_split <= 0 or len(splits["train"]) < 2:
                 raise held_out_error(hp.validation_split, len(splits["train"]))
-            parts = splits["train"].train_test_split(test_size=hp.validation_split, seed=hp.seed)
+            parts = splits["train"].train_test_split(test_size=hp.validation_split, seed=self.seed)
             splits["train"], splits[held_out] = parts["train"], parts["test"]
         return datasets.DatasetDict(splits)
 
@@ -414,7 +416,7 @@ class MLMDataModule(L.LightningDataModule):
         documents, files = open_stream(hp)
         splits, held_out = self._read_eval_files()
         fraction = hp.validation_split if held_out else 0.0
-        self.train_stream = StreamingCorpus(documents, fraction, hp.seed, files)
+        self.train_stream = StreamingCorpus(documents, fraction, self.seed, files)
         if held_out:
             splits[held_out] = self.train_stream.validation_documents(self.streaming.validation_documents)
         blocks = self.make_blocks(datasets.DatasetDict(splits))
@@ -478,7 +480,7 @@ class MLMDataModule(L.LightningDataModule):
             )
             return self._loader(blocks, hp.batch_size, stateful=True, collator=self.train_collator)
         grouped = self.blocks.group_by_length and not self.blocks.packing
-        sampler = train_sampler(self.train_dataset, world_size, rank, hp.seed, grouped, hp.batch_size)
+        sampler = train_sampler(self.train_dataset, world_size, rank, self.seed, grouped, hp.batch_size)
         if not self.masking.schedule.constant:
             sampler.mlm_probabilities = ScheduledRates(self.masking.schedule, hp.batch_size, self._stepping)
         dataset = KeyedDataset(self.train_dataset)

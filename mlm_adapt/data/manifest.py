@@ -95,7 +95,9 @@ def prepared_settings(datamodule: Any) -> dict:
         "added_tokens": added_tokens if added else None,
         "validation_sets": list(sets.names),
         # The held-out split is drawn with the seed: another seed means other blocks.
-        "held_out_split": {"fraction": hp.validation_split, "seed": hp.seed} if sets.held_out_split else None,
+        "held_out_split": {"fraction": hp.validation_split, "seed": datamodule.seed}
+        if sets.held_out_split
+        else None,
         # General text for replay is its own split (``mix``); the rate is drawn at sampling time.
         "replay": {"files": [Path(f).name for f in replay_files]} if replay_files else None,
     }

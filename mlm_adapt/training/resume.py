@@ -50,7 +50,6 @@ FIXED_SETTINGS: dict[tuple[str, str], str] = {
     ("data", "segmentation.hmm"): "the words masked as a whole depend on it",
     ("data", "segmentation.user_dict"): "the words masked as a whole depend on it",
     # Which examples are drawn, in which order, and how they are masked.
-    ("data", "seed"): "the order the examples are drawn in and their masks depend on it",
     ("data", "blocks.group_by_length"): "the order the examples are drawn in depends on it",
     ("data", "streaming.enabled"): "the data loader position depends on it",
     ("data", "streaming.shuffle_buffer_size"): "the order a streamed corpus is drawn in depends on it",
@@ -59,8 +58,8 @@ FIXED_SETTINGS: dict[tuple[str, str], str] = {
     ("data", "masking.mask_replace_prob"): "the masks of the examples depend on it",
     ("data", "masking.random_replace_prob"): "the masks of the examples depend on it",
     ("data", "masking.eval_mlm_probability"): "the validation masks (so the baseline it holds) depend on it",
-    # Given as a number only: `true` draws a new seed every start (the checkpoint's is then kept).
-    ("run", "seed_everything"): "the dropout of every step depends on it",
+    # The run's one seed (the data module's is linked from it). Compared as a number: `true` draws one.
+    ("run", "seed_everything"): "the order the examples are drawn in and their masks depend on it",
 }
 # What ``validate``/``test`` compare: the settings the checkpoint's weights and token ids depend on.
 WEIGHT_SETTINGS = (

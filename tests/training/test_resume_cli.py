@@ -89,7 +89,6 @@ def test_ckpt_path_last_resumes_the_run_across_logger_versions(
 @pytest.mark.parametrize(
     ("flag", "conflict"),
     [
-        ("--data.seed=7", "data.seed: 42 -> 7"),
         ("--data.masking.scheme=token", "data.masking.scheme: 'whole_word' -> 'token'"),
         ("--data.masking.mlm_probability=0.3", "data.masking.mlm_probability: 0.15 -> 0.3"),
         ("--seed_everything=7", "seed_everything: 42 -> 7"),

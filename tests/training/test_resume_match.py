@@ -87,7 +87,6 @@ def test_a_checkpoint_the_cli_did_not_name_is_checked_when_it_is_restored():
 
 # Each setting that changes which examples are drawn, in which order, or how they are masked: (saved, new).
 DRAW_AND_MASK = {
-    "data.seed": (42, 7),
     "data.blocks.group_by_length": (True, False),
     "data.streaming.enabled": (False, True),
     "data.streaming.shuffle_buffer_size": (10_000, 500),
@@ -101,7 +100,7 @@ DRAW_AND_MASK = {
 
 @pytest.mark.parametrize("option", list(DRAW_AND_MASK))
 def test_a_changed_draw_or_masking_setting_is_refused_naming_both_values(option):
-    *group, name = option.removeprefix("data.").split(".")  # data.seed, data.GROUP.NAME
+    *group, name = option.removeprefix("data.").split(".")  # data.NAME, data.GROUP.NAME
 
     def data(value):
         return {group[0]: {name: value}} if group else {name: value}
