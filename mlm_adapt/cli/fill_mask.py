@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-# The values of ``model.mask_attention`` (fit), with the column label each prints under.
+# The attention a ``[MASK]`` gets (training always attends it), with the column label each prints under.
 MODES = {"attend": "[MASK] attended", "exclude": "[MASK] not attended"}
 
 
@@ -187,7 +187,7 @@ def fill_mask(
             sharded directory) of a fit run.
         top_k: Candidates shown per mask.
         mask_attention: "exclude": also run with the [MASK] positions excluded from attention
-            (attention_mask 0) and print both side by side; the values of fit's model.mask_attention.
+            (attention_mask 0) and print both side by side.
     """
     if top_k < 1:
         raise MLMAdaptError(f"--top_k={top_k} must be at least 1")

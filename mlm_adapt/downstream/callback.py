@@ -39,7 +39,6 @@ class DownstreamEvaluation(L.Callback):
         pooling: Probe features of a text: ``mean`` of its non-special tokens, ``first`` or ``mean_first``.
         probe_l2: L2 weight of the probe's logistic regression (on standardized features).
         bootstrap: Test-set resamples for the probe's ``_std`` (0: none logged).
-        max_length: Tokens per row; default: the model's ``max_seq_length``, at most 512.
         batch_size: Rows per forward pass.
         max_train_examples: At most this many training examples per task (a seeded subset; default: all).
         max_test_examples: Score at most this many test examples per task (seeded subset; default: all).
@@ -48,7 +47,9 @@ class DownstreamEvaluation(L.Callback):
         finetune_steps: Optimizer steps of each fine-tune.
         finetune_lr: AdamW learning rate of each fine-tune (linear decay, 10% warmup).
         finetune_batch_size: Examples per fine-tuning step.
-        cache_dir: ``datasets`` cache for the task files (default: the data module's ``cache_dir``).
+
+    The task files are cached where the data module caches (``data.cache_dir``), and a row holds at most
+    the model's ``max_seq_length`` tokens (at most 512).
     """
 
     def __init__(
@@ -60,7 +61,6 @@ class DownstreamEvaluation(L.Callback):
         pooling: Pooling = "mean",
         probe_l2: float = 1e-3,
         bootstrap: int = 200,
-        max_length: int | None = None,
         batch_size: int = 64,
         max_train_examples: int | None = None,
         max_test_examples: int | None = None,
@@ -68,7 +68,6 @@ class DownstreamEvaluation(L.Callback):
         finetune_steps: int = 200,
         finetune_lr: float = 5e-5,
         finetune_batch_size: int = 16,
-        cache_dir: str | None = None,
     ):
         if method not in ("linear_probe", "finetune"):
             raise MLMAdaptError(f"downstream.method={method!r}; use linear_probe or finetune")
@@ -86,10 +85,8 @@ class DownstreamEvaluation(L.Callback):
             expand_files(entry.train_files, f"downstream.tasks[{i}].train_files")
             expand_files(entry.test_files, f"downstream.tasks[{i}].test_files")
         self.method = method
-        self.max_length = max_length
         self.limits = (max_train_examples, max_test_examples)
         self.every_n_validations = every_n_validations
-        self.cache_dir = cache_dir
         # The options of TaskEvaluator.linear_probe and TaskEvaluator.finetune.
         self.probe_options = {"layers": list(layers) if layers else [-1], "pooling": pooling, "l2": probe_l2}
         self.probe_options |= {"batch_size": batch_size, "bootstrap": bootstrap}
@@ -120,10 +117,13 @@ class DownstreamEvaluation(L.Callback):
             )
         return load_tokenizer(name, hparams.get("new_tokens_file"))
 
-    def prepare(self, tokenizer: PreTrainedTokenizerBase, max_length: int) -> None:
-        """Loads, checks and tokenizes every task (once per run)."""
+    def prepare(
+        self, tokenizer: PreTrainedTokenizerBase, max_length: int, cache_dir: str | None = None
+    ) -> None:
+        """Loads (into the ``datasets`` cache ``cache_dir``), checks and tokenizes every task (once per
+        run)."""
         self.evaluators = [
-            TaskEvaluator(load_task(entry, i, self.cache_dir), tokenizer, max_length, *self.limits)
+            TaskEvaluator(load_task(entry, i, cache_dir), tokenizer, max_length, *self.limits)
             for i, entry in enumerate(self.tasks)
         ]
         names = [e.name for e in self.evaluators]
@@ -135,11 +135,10 @@ class DownstreamEvaluation(L.Callback):
         self._attach(trainer)
         if not self.tasks or self.evaluators:
             return
-        if self.cache_dir is None:
-            self.cache_dir = (getattr(trainer.datamodule, "hparams", None) or {}).get("cache_dir")
+        cache_dir = (getattr(trainer.datamodule, "hparams", None) or {}).get("cache_dir")
         limit = position_limit(pl_module.model)[0] or 512
-        length = self.max_length or pl_module.hparams.get("max_seq_length") or 512
-        self.prepare(self._tokenizer(trainer, pl_module), min(length, limit, 512))
+        length = pl_module.hparams.get("max_seq_length") or 512
+        self.prepare(self._tokenizer(trainer, pl_module), min(length, limit, 512), cache_dir)
 
     def evaluate(
         self, model: torch.nn.Module, forward_context: ForwardContext = nullcontext

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.cli import OptimizerCallable
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
@@ -33,10 +32,6 @@ from mlm_adapt.text.blocks import BlockOptions
 from mlm_adapt.text.tokenizer import load_tokenizer, read_new_tokens
 
 EVAL_STAGES = ("val", "test")
-_EXCLUDE_WARNING = (
-    "model.mask_attention='exclude' is an ABLATION: [MASK] tokens are hidden from attention as keys, unlike "
-    "BERT pretraining and inference. Use it only to reproduce the experiment; leave it at 'attend' otherwise."
-)
 
 # Devices with torch's fused Adam/AdamW kernel (torch.optim.optimizer's list of fused-capable devices).
 FUSED_ADAM_DEVICES = ("cpu", "cuda", "mps", "xpu", "hpu")
@@ -166,12 +161,10 @@ class MaskedLMModule(L.LightningModule):
         pretrained: Start from the checkpoint's weights (``false``: random init, i.e. from scratch).
         attn_implementation: Attention kernel: ``sdpa`` (default), ``eager``, or ``null`` for the library's.
         masked_only_head: Project only masked positions to the vocabulary: same loss, less compute and memory.
-        mask_attention: ``attend`` (default, standard BERT): ``[MASK]`` tokens are attended like any token.
-            ``exclude`` is an experiment switch only: no token attends to a ``[MASK]`` position (it warns).
         new_tokens_file: Tokens to add, one per line (``mlm_adapt vocab --output_tokens``), each embedding the
             mean of its old pieces' (= ``data.new_tokens_file``).
         compile: ``torch.compile`` the encoder and head in place (checkpoints unchanged); pays off on GPUs.
-        compile_options: Keyword arguments for ``torch.compile`` (e.g. ``{mode: max-autotune}``).
+            ``true``, or the keyword arguments of ``torch.compile`` (e.g. ``{mode: max-autotune}``).
         gradient_checkpointing: Recompute activations in the backward pass (non-reentrant): much less memory
             for about a third more compute, same loss and gradients.
         log_throughput: Add :class:`MLMThroughputMonitor` (tokens/s, MFU, ...) unless the trainer has a
@@ -193,10 +186,8 @@ class MaskedLMModule(L.LightningModule):
         pretrained: bool = True,
         attn_implementation: str | None = "sdpa",
         masked_only_head: bool = True,
-        mask_attention: Literal["attend", "exclude"] = "attend",
         new_tokens_file: str | None = None,
-        compile: bool = False,
-        compile_options: dict[str, Any] | None = None,
+        compile: bool | dict[str, Any] = False,
         log_throughput: bool = True,
         gradient_checkpointing: bool = False,
         allow_partial_head: bool = False,
@@ -225,13 +216,8 @@ class MaskedLMModule(L.LightningModule):
         # The tokens themselves go into every checkpoint: what the checkpoint is read back with never
         # comes from a file it names (a crafted checkpoint could name any local file to publish).
         self.new_tokens: list[str] = read_new_tokens(new_tokens_file) if new_tokens_file else []
-        if mask_attention == "exclude" or self.new_tokens:
-            tokenizer = load_tokenizer(model_name_or_path)
-            self.mask_token_id = tokenizer.mask_token_id
-            if self.new_tokens:
-                extend_embeddings(self.model, tokenizer, self.new_tokens)
-        if mask_attention == "exclude":
-            rank_zero_warn(_EXCLUDE_WARNING)
+        if self.new_tokens:
+            extend_embeddings(self.model, load_tokenizer(model_name_or_path), self.new_tokens)
         if gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
         self.head_split = split_head(self.model) if masked_only_head else None
@@ -286,7 +272,7 @@ class MaskedLMModule(L.LightningModule):
         if self.hparams.compile and not self._compiled:
             # Module.compile works in place: state_dict keys (checkpoints, save_pretrained) are unchanged.
             for module in self.head_split.modules if self.head_split else (self.model,):
-                module.compile(**(self.hparams.compile_options or {}))
+                module.compile(**(self.hparams.compile if isinstance(self.hparams.compile, dict) else {}))
             self._compiled = True
 
     @override
@@ -300,9 +286,7 @@ class MaskedLMModule(L.LightningModule):
         """Vocabulary logits and labels of the masked positions only: ``(N, V)`` and ``(N,)``."""
         labels = batch["labels"]
         selected = labels != -100
-        attention_mask = batch["attention_mask"]
-        if self.hparams.mask_attention == "exclude":
-            attention_mask = attention_mask * (batch["input_ids"] != self.mask_token_id)
+        attention_mask = batch["attention_mask"]  # 1 on [MASK]: it is attended as any token (BERT's rule)
         inputs = {"input_ids": batch["input_ids"], "attention_mask": attention_mask}
         if (
             "document_ids" in batch
@@ -458,11 +442,6 @@ class MaskedLMModule(L.LightningModule):
             name, optimizer, num_warmup_steps=min(warmup_steps, total_steps), num_training_steps=total_steps
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    @override
-    def on_fit_start(self) -> None:
-        if self.hparams.mask_attention == "exclude":
-            rank_zero_warn(_EXCLUDE_WARNING)  # again, so it is in this run's log next to the training
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

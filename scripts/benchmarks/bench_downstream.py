@@ -115,10 +115,8 @@ def run_variant(variant: str, train: int, test: int, threads: int) -> dict:
     if variant == "before":
         features.layer_states = previous_layer_states
     task = {"name": "sentiment", "train_files": [str(train_file)], "test_files": [str(test_file)]}
-    evaluation = DownstreamEvaluation(
-        tasks=[task], max_train_examples=train, max_test_examples=test, cache_dir=str(BENCH_DIR / "cache")
-    )
-    evaluation.prepare(tokenizer, max_length=128)
+    evaluation = DownstreamEvaluation(tasks=[task], max_train_examples=train, max_test_examples=test)
+    evaluation.prepare(tokenizer, max_length=128, cache_dir=str(BENCH_DIR / "cache"))
     evaluation.progress = Progress(
         "downstream", bars=False, sink=lambda line: print(line, file=sys.stderr, flush=True)
     )

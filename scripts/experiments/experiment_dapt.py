@@ -56,7 +56,6 @@ ABLATIONS = {
     "wwm": [],
     "token": ["--data.masking.scheme=token"],
     "ngram": ["--data.masking.scheme=ngram"],
-    "exclude": ["--model.mask_attention=exclude"],
     "mix": ["--data.replay.files=[{general_train}]", "--data.replay.rate=0.2"],
     # Not an ablation: the default run again with other masks and data order, to show the noise level.
     "wwm_seed2": ["--seed_everything=43"],
@@ -119,7 +118,6 @@ def downstream_args(tasks: list[dict], a: argparse.Namespace) -> list[str]:
         f"--downstream.tasks={json.dumps(tasks, ensure_ascii=False)}",
         f"--downstream.max_train_examples={a.probe_train}",
         f"--downstream.max_test_examples={a.probe_test}",
-        f"--downstream.cache_dir={a.workdir / 'hf_cache'}",
     ]
 
 

@@ -104,3 +104,18 @@ def test_an_old_name_is_an_unknown_option_in_one_line(old, tmp_path, capsys):
         lines = [line for line in err.splitlines() if line.startswith("mlm_adapt: error:")]
         assert code == 2 and len(lines) == 1, err
         assert old in lines[0] or key in lines[0], lines[0]
+
+
+# Options that are gone (docs/changelog.md says what replaces each).
+REMOVED = ("model.mask_attention", "model.compile_options", "downstream.cache_dir", "downstream.max_length")
+
+
+def test_no_removed_option_is_in_the_help(help_text):
+    assert not [old for old in REMOVED if f"--{old} " in help_text]
+
+
+@pytest.mark.parametrize("old", REMOVED)
+def test_a_removed_option_is_unknown_in_one_line(old, capsys):
+    code, _, err = run_main(["fit", f"--{old}", "1"], capsys)
+    lines = [line for line in err.splitlines() if line.startswith("mlm_adapt: error:")]
+    assert code == 2 and len(lines) == 1 and f"--{old}" in lines[0], err

@@ -1,11 +1,10 @@
-"""``model.mask_attention``: the [MASK]-excluded-from-attention ablation is opt-in and loud."""
+"""[MASK] tokens are attended in training as any token (only padding gets 0): no option turns it off."""
 
 from __future__ import annotations
 
 import inspect
 import warnings
 
-import pytest
 import torch
 
 from mlm_adapt.model import MaskedLMModule
@@ -30,18 +29,9 @@ def _batch(tokenizer) -> dict:
     return {"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 0]]), "labels": labels}
 
 
-def test_attend_is_the_default_and_silent(tiny_model_dir, tokenizer):
-    assert inspect.signature(MaskedLMModule).parameters["mask_attention"].default == "attend"
+def test_mask_tokens_are_attended_and_no_option_turns_it_off(tiny_model_dir, tokenizer):
+    assert "mask_attention" not in inspect.signature(MaskedLMModule).parameters
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64)
-    assert _attention_mask_seen(module, _batch(tokenizer)).tolist() == [[1, 1, 1, 1, 1, 0]]
-
-
-def test_exclude_warns_and_hides_mask_tokens(tiny_model_dir, tokenizer):
-    with pytest.warns(UserWarning, match="ABLATION"):
-        module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64, mask_attention="exclude")
-    assert _attention_mask_seen(module, _batch(tokenizer)).tolist() == [[1, 1, 0, 1, 1, 0]]
-    # Pad stays hidden and nothing else changes: only the mask positions' keys are dropped.
-    module.hparams.mask_attention = "attend"
     assert _attention_mask_seen(module, _batch(tokenizer)).tolist() == [[1, 1, 1, 1, 1, 0]]

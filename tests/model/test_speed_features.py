@@ -82,9 +82,7 @@ def test_compile_option_changes_no_result(tiny_model_dir, batch):
 
     counter = CompileCounter()
     plain = MaskedLMModule(str(tiny_model_dir), max_seq_length=128).eval()
-    compiled = MaskedLMModule(
-        str(tiny_model_dir), max_seq_length=128, compile=True, compile_options={"backend": counter}
-    ).eval()
+    compiled = MaskedLMModule(str(tiny_model_dir), max_seq_length=128, compile={"backend": counter}).eval()
     compiled.configure_model()
     torch._dynamo.reset()
     with torch.no_grad():
