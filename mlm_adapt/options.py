@@ -8,7 +8,6 @@ plain mapping :func:`plain` gives, and :func:`as_options` turns it back into the
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any, Protocol, TypeVar
@@ -40,12 +39,6 @@ def as_options(group: type[Group], value: Group | Mapping[str, Any] | None, key:
     if unknown:
         raise MLMAdaptError(f"{key}.{unknown[0]} is no option; use {', '.join(names)}")
     return group(**value).check()
-
-
-def run_seed() -> int:
-    """The run's one seed: what ``seed_everything`` set (Lightning's ``PL_GLOBAL_SEED``), else 0. The data
-    module (split, order, masks, replay draws) and the per-batch dropout seeds derive from it."""
-    return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 def plain(options: OptionGroup) -> dict[str, Any]:

@@ -282,7 +282,7 @@ class MLMAdaptCLI(LightningCLI):
         parser.link_arguments("model.max_seq_length", "data.max_seq_length")
         parser.link_arguments("model.new_tokens_file", "data.new_tokens_file")
         # One seed for the run: the data module's split, order, masks and replay draws follow it (true, a
-        # random draw, reaches the data module through Lightning's seeding, as the dropout seeds do).
+        # random draw, is set after Lightning drew it: before_instantiate_classes).
         parser.link_arguments("seed_everything", "data.seed")
         # Always present (``export:`` in YAML, ``--export.*`` flags); ``export.enabled: false`` turns it off.
         parser.add_lightning_class_args(HFExport, "export")
@@ -307,6 +307,8 @@ class MLMAdaptCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         parser = self._subcommand_parsers[self.subcommand] if self.subcommand else self.parser
         refuse_group_values(parser, config)
+        if config.data.seed is True:  # linked before Lightning drew the seed of ``seed_everything: true``
+            config.data.seed = config.seed_everything
         # Before the loggers exist: `last` must name the killed run's checkpoint and its logger version;
         # validate/test look it up the same way (and keep a logger version of their own).
         trainer = config.trainer

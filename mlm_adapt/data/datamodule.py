@@ -37,13 +37,15 @@ from mlm_adapt.guard.locks import locked
 from mlm_adapt.masking import MaskingScheme, WholeWordMaskCollator
 from mlm_adapt.masking.options import MaskingOptions
 from mlm_adapt.masking.schedule import ScheduledRates, Stepping, trainer_stepping
-from mlm_adapt.options import as_options, plain, run_seed
+from mlm_adapt.options import as_options, plain
 from mlm_adapt.text.blocks import BlockOptions
 from mlm_adapt.text.corpus import load_files, load_hub
 from mlm_adapt.text.files import expand_files
 from mlm_adapt.text.segmentation import Segmentation, SegmentationOptions, segmenter_setting
 from mlm_adapt.text.tokenizer import load_tokenizer
 
+# The seed of the data when no run seed is given (the CLI's seed_everything default too).
+DEFAULT_SEED = 42
 # The lock that lets one process of a job fill a shared ``datasets`` cache (``.preprocessing.lock`` in it).
 PREPROCESS_LOCK = "preprocessing"
 
@@ -151,8 +153,8 @@ class MLMDataModule(L.LightningDataModule):
         eval_batch_size: Validation/test batch size (default: ``batch_size``).
         num_workers: DataLoader worker processes.
         preprocessing_num_workers: Forked processes segmenting, tokenizing and packing (same blocks for any).
-        seed: Seed of the validation split, the order, the masks and the replay draws; ``None`` or a bool:
-            the run's (``seed_everything``, which the CLI links here: the one seed of a run).
+        seed: Seed of the validation split, the order, the masks and the replay draws; the CLI sets it to
+            ``seed_everything`` (the one seed of a run; the number Lightning drew for ``true``).
         cache_dir: Where ``datasets`` caches loaded and preprocessed data (default: its own cache).
         prepared_dir: Written by ``python -m mlm_adapt prepare``: its blocks are memory-mapped, no raw file
             is read. Settings differing from its manifest are refused.
@@ -181,7 +183,7 @@ class MLMDataModule(L.LightningDataModule):
         eval_batch_size: int | None = None,
         num_workers: int = 2,
         preprocessing_num_workers: int | None = None,
-        seed: int | bool | None = None,
+        seed: int | bool = DEFAULT_SEED,
         cache_dir: str | None = None,
         prepared_dir: str | None = None,
         forgetting: ForgettingOptions | None = None,
@@ -196,8 +198,8 @@ class MLMDataModule(L.LightningDataModule):
         self.replay = as_options(ReplayOptions, replay, "data.replay")
         self.streaming = as_options(StreamingOptions, streaming, "data.streaming")
         self.forgetting = as_options(ForgettingOptions, forgetting, "forgetting")
-        # ``seed_everything: true`` (or false) reaches here as a bool: the seed Lightning drew (or none).
-        self.seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else run_seed()
+        # The CLI links seed_everything here; ``false`` (no seeding) reaches here as a bool: the default.
+        self.seed = DEFAULT_SEED if isinstance(seed, bool) else seed
         groups = {
             "segmentation": self.segmentation,
             "masking": self.masking,

@@ -9,6 +9,7 @@ another number of ranks. Whether a checkpoint may be resumed at all is :mod:`mlm
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any
 
 import lightning as L
@@ -20,7 +21,6 @@ from typing_extensions import override
 
 from mlm_adapt.data.loader_state import convert_loader_state
 from mlm_adapt.data.samplers import EpochSampler, LengthGroupedEpochSampler
-from mlm_adapt.options import run_seed
 from mlm_adapt.training.checkpoint_files import AtomicCheckpointIO
 from mlm_adapt.training.resume import WORLD_KEY, saved_record
 
@@ -117,7 +117,7 @@ class ExactResume(L.Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.seed is None:
-            self.seed = run_seed()
+            self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
 

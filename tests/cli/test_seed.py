@@ -67,3 +67,24 @@ def test_the_seed_sets_the_losses(tiny_model_dir, corpus_file, tmp_path, capsys)
     assert _losses(tiny_model_dir, corpus_file, tmp_path / "b", 1, capsys) == first
     other = _losses(tiny_model_dir, corpus_file, tmp_path / "c", 2, capsys)
     assert len(other) == len(first) and all(a != b for a, b in zip(first, other, strict=True))
+
+
+def test_a_data_module_built_in_python_keeps_its_own_seed_whatever_ran_before(
+    tiny_model_dir, corpus_file, tmp_path, monkeypatch
+):
+    """A prepared directory of the CLI (seed 42) was refused by a Python-built data module after the
+    process had been seeded otherwise: the data seed must not be read from the environment."""
+    from conftest import make_datamodule
+
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    assert make_datamodule(tiny_model_dir, corpus_file, tmp_path).seed == 42
+
+
+def test_seed_everything_true_seeds_the_data_with_the_number_drawn(tiny_model_dir, corpus_file, tmp_path):
+    from mlm_adapt.cli.fit import DataOnlyCLI
+
+    args = [*_data_args(tiny_model_dir, corpus_file, tmp_path), "--seed_everything=true"]
+    cli = DataOnlyCLI(args, [])
+    drawn = cli.config.seed_everything
+    assert isinstance(drawn, int) and not isinstance(drawn, bool)
+    assert cli.datamodule.seed == drawn
