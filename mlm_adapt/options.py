@@ -41,6 +41,17 @@ def as_options(group: type[Group], value: Group | Mapping[str, Any] | None, key:
     return group(**value).check()
 
 
+def option_value(values: Any, key: str, default: Any = None) -> Any:
+    """The value of option ``key`` (``batch_size``, or a group's ``replay.files``) in ``values``: a data
+    module's hyper-parameters, a checkpoint's, or a parsed config's namespace; ``default`` where it has
+    none."""
+    for part in key.split("."):
+        if not hasattr(values, "get"):
+            return default
+        values = values.get(part, default)
+    return values
+
+
 def plain(options: OptionGroup) -> dict[str, Any]:
     """The options as plain values (hyper-parameters, checkpoints, manifests)."""
     return {f.name: getattr(options, f.name) for f in fields(options)}  # type: ignore[arg-type]

@@ -59,6 +59,16 @@ _CLASS_PATH = re.compile(
 )
 
 
+def link_target_line(key: str, source: str) -> str:
+    """The refusal of a key the parser sets from ``source`` (a link target), given in a config or a flag."""
+    return f"{key}: it is set from {source}; give {source} instead"
+
+
+def group_value_line(key: str, value: Any, example: str) -> str:
+    """The refusal of one value where the group of options ``key`` goes, with how to give them."""
+    return f"{key}: {value!r} is no value of a group of options; give its options by name: {example}"
+
+
 def option_error_line(message: str) -> str | None:
     """One line for jsonargparse's union report on
     ``data.segmentation.segmenter``/``data.segmentation.opencc`` (else ``None``): which
@@ -67,13 +77,10 @@ def option_error_line(message: str) -> str | None:
     value = given.group(1).strip() if given else "?"
     link = _LINK_TARGET.match(message)
     if link:  # a link target given as a flag (jsonargparse words it by the value's type)
-        return f"{link.group(2)}: it is set from {link.group(1)}; give {link.group(1)} instead"
+        return link_target_line(link.group(2), link.group(1))
     group = _GROUP_VALUE.match(message)
     if group:  # a value where a group of options goes: a file jsonargparse could not load
-        return (
-            f"{group.group(1)}: {group.group(2)!r} is no value of a group of options; give its options by "
-            f"name (--{group.group(1)}.NAME VALUE; COMMAND --help lists them)"
-        )
+        return group_value_line(group.group(1), group.group(2), f"--{group.group(1)}.NAME VALUE")
     if 'Parser key "data.segmentation.segmenter"' in message:
         names = ", ".join(BUILTIN_NAMES)
         accepted = f"use a built-in name ({names}) or the class_path of a class with segment(texts)"
@@ -188,8 +195,7 @@ class MLMAdaptArgumentParser(LightningArgumentParser):
         self, action: argparse.Action, value: Any, key: str, *args: Any, **kwargs: Any
     ) -> Any:
         if isinstance(action, ActionLink) and value is not None and _GIVEN_VALUES.get():
-            source = ", ".join(name for name, _ in action.source)
-            raise MLMAdaptError(f"{key}: it is set from {source}; give {source} instead")
+            raise MLMAdaptError(link_target_line(key, ", ".join(name for name, _ in action.source)))
         return super()._check_value_key(action, value, key, *args, **kwargs)
 
     @override
@@ -230,8 +236,7 @@ def refuse_group_values(parser: LightningArgumentParser, config: Any) -> None:
             if a.dest.startswith(f"{key}.") and a.help != argparse.SUPPRESS and not a.dest.endswith(".help")
         ]
         raise MLMAdaptError(
-            f"{key}: {value!r} is no value of a group of options; give its options by name: "
-            f"{key}: {{{', '.join(f'{n}: ...' for n in names)}}}"
+            group_value_line(key, value, f"{key}: {{{', '.join(f'{n}: ...' for n in names)}}}")
         )
 
 

@@ -47,6 +47,7 @@ from mlm_adapt.model.checkpoints import (
     tokenizer_for,
 )
 from mlm_adapt.model.metrics import EVAL_NAMES, SPREAD_SUFFIX, before_after_metrics, validation_prefix
+from mlm_adapt.options import option_value
 from mlm_adapt.text.tokenizer import load_tokenizer
 
 # Inside the run root, next to the logs and checkpoints of the run (one root per run or Slurm job).
@@ -131,9 +132,7 @@ def hparams_inputs(
     sections = (("model", model_hparams, model_keys), ("data", data_hparams, _DATA_INPUTS))
     for section, hparams, keys in sections:
         for key in keys:
-            value = hparams or {}
-            for part in key.split("."):  # a group's option: its mapping (or the config's namespace) holds it
-                value = value.get(part) if hasattr(value, "get") else None
+            value = option_value(hparams, key)
             # A file, a list of files, or named validation sets ({name: [files]}).
             groups = list(value.values()) if isinstance(value, dict) else [value]
             values = [v for g in groups for v in ([g] if isinstance(g, str) else list(g or []))]

@@ -32,6 +32,7 @@ from mlm_adapt.data.loader_state import corpus_fingerprint
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.guard.secrets import secret_setting
 from mlm_adapt.model.checkpoints import callback_state
+from mlm_adapt.options import option_value
 from mlm_adapt.training.checkpoint_files import drop_rows_after
 
 # (section, key): why it cannot change when resuming; a dotted key names an option of a group.
@@ -93,12 +94,8 @@ def run_settings(
         elif section == "run":
             if isinstance(seed_everything, int) and not isinstance(seed_everything, bool):
                 settings["run"][key] = seed_everything
-        else:
-            value: Any = sections[section]
-            for part in key.split("."):  # a group's option: its plain mapping holds it
-                value = value.get(part, _MISSING) if isinstance(value, Mapping) else _MISSING
-            if value is not _MISSING:
-                settings[section][key] = value
+        elif (value := option_value(sections[section], key, _MISSING)) is not _MISSING:
+            settings[section][key] = value
     return settings
 
 
