@@ -168,7 +168,6 @@ def run(
         max_seq_length=512,
         pretrained=True,
         compile=compile_model,
-        log_throughput=False,
         masked_only_head=masked_only_head,
     )
     stamps: list[float] = []
@@ -286,7 +285,7 @@ def fit_from_prepared(model_dir: Path, root: Path, steps: int, dry_run: bool) ->
             "--trainer.num_sanity_val_steps=0",
             "--trainer.callbacks+=_step_timer.StepTimer",
             f"--trainer.callbacks.out_file={timer_file}",
-            "--export.enabled=false",
+            "--export.checkpoint=none",
         ]
     )
     fit_s = time.perf_counter() - start

@@ -134,11 +134,10 @@ def export_main(args: list[str]) -> None:
     output_dir = Path(command.output_dir)
     files = sorted(p.name for p in output_dir.iterdir() if not p.name.startswith("."))
     print(f"wrote {output_dir}: {', '.join(files)}")
-    if result.logit_difference is not None:
-        print(
-            "reload check: AutoModelForMaskedLM logits match the checkpoint "
-            f"(max |difference| {result.logit_difference:.2e})"
-        )
+    print(
+        "reload check: AutoModelForMaskedLM logits match the checkpoint "
+        f"(max |difference| {result.logit_difference:.2e})"
+    )
     info, step, merged = result.info, result.info.final_metrics_step, result.merge
     if merged is not None:
         print(f"mlm_adapt merge: {merged.describe()}")

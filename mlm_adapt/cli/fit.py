@@ -289,7 +289,7 @@ class MLMAdaptCLI(LightningCLI):
         # One seed for the run: the data module's split, order, masks and replay draws follow it (true, a
         # random draw, is set after Lightning drew it: before_instantiate_classes).
         parser.link_arguments("seed_everything", "data.seed")
-        # Always present (``export:`` in YAML, ``--export.*`` flags); ``export.enabled: false`` turns it off.
+        # Always present (``export:`` in YAML, ``--export.*`` flags); ``export.checkpoint: none``: no export.
         parser.add_lightning_class_args(HFExport, "export")
         # ``forgetting:`` in YAML (``--forgetting.*``): the data module holds it, the callbacks read it there.
         parser.add_class_arguments(ForgettingOptions, "forgetting")

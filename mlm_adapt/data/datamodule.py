@@ -266,7 +266,6 @@ class MLMDataModule(L.LightningDataModule):
             mlm_probability=rate,
             mask_replace_prob=self.masking.mask_replace_prob,
             random_replace_prob=self.masking.random_replace_prob,
-            pad_to_multiple_of=self.blocks.pad_to_multiple_of,
             seed=self.seed,
             scheme=scheme,
             # Unpacked blocks hold one document each: nothing to separate.
@@ -362,7 +361,7 @@ class MLMDataModule(L.LightningDataModule):
         self.segmenter("预热")  # builds jieba's dictionary cache once per node; ranks and workers load it
         if self.streaming.enabled:
             return
-        cache = Path(self.hparams.cache_dir or datasets.config.HF_DATASETS_CACHE).absolute()
+        cache = Path(self.cache_dir or datasets.config.HF_DATASETS_CACHE).absolute()
         cache.mkdir(parents=True, exist_ok=True)
         with locked(cache / PREPROCESS_LOCK, "data.cache_dir", f"the preprocessing in {cache}", wait=True):
             self.make_blocks(self.documents())
@@ -548,15 +547,23 @@ class MLMDataModule(L.LightningDataModule):
         state = self.replayer.state_dict() if self.replayer is not None else None
         return replay_summary(state, self.replay_segments, until_step)
 
-    def _eval_batch_size(self) -> int:
+    @property
+    def eval_batch_size(self) -> int:
+        """Validation and test examples per batch (``eval_batch_size``, else ``batch_size``); the downstream
+        tasks' forward passes, the forgetting checks and merges use it too."""
         return self.hparams.eval_batch_size or self.hparams.batch_size  # never 0: refused in __init__
+
+    @property
+    def cache_dir(self) -> str | None:
+        """Where ``datasets`` caches loaded data (``None``: its own cache), the downstream tasks' too."""
+        return self.hparams.cache_dir
 
     @override
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
         # One loader per set; Lightning passes its index to validation_step as ``dataloader_idx``.
-        loaders = [self._loader(KeyedDataset(d), self._eval_batch_size()) for d in self.val_datasets.values()]
+        loaders = [self._loader(KeyedDataset(d), self.eval_batch_size) for d in self.val_datasets.values()]
         return loaders[0] if len(loaders) == 1 else loaders
 
     @override
     def test_dataloader(self) -> DataLoader:
-        return self._loader(KeyedDataset(self.test_dataset), self._eval_batch_size())
+        return self._loader(KeyedDataset(self.test_dataset), self.eval_batch_size)

@@ -22,6 +22,8 @@ from mlm_adapt.text.files import expand_files
 from mlm_adapt.text.tokenizer import load_tokenizer
 
 PREFIX = "downstream"
+# Rows per forward pass with a data module that names no eval_batch_size.
+FORWARD_BATCH_SIZE = 64
 
 
 class DownstreamEvaluation(L.Callback):
@@ -37,9 +39,6 @@ class DownstreamEvaluation(L.Callback):
         seeds: Fine-tuning runs per evaluation (``finetune`` only).
         layers: Hidden states the probe reads, concatenated (0: embeddings, -1: the encoder's output).
         pooling: Probe features of a text: ``mean`` of its non-special tokens, ``first`` or ``mean_first``.
-        probe_l2: L2 weight of the probe's logistic regression (on standardized features).
-        bootstrap: Test-set resamples for the probe's ``_std`` (0: none logged).
-        batch_size: Rows per forward pass.
         max_train_examples: At most this many training examples per task (a seeded subset; default: all).
         max_test_examples: Score at most this many test examples per task (seeded subset; default: all).
         every_n_validations: Score at step 0, then at every n-th validation of ``fit`` and at its end
@@ -48,8 +47,9 @@ class DownstreamEvaluation(L.Callback):
         finetune_lr: AdamW learning rate of each fine-tune (linear decay, 10% warmup).
         finetune_batch_size: Examples per fine-tuning step.
 
-    The task files are cached where the data module caches (``data.cache_dir``), and a row holds at most
-    the model's ``max_seq_length`` tokens (at most 512).
+    The task files are cached where the data module caches (``data.cache_dir``), a row holds at most the
+    model's ``max_seq_length`` tokens (at most 512), and rows are forwarded ``data.eval_batch_size`` at a
+    time. The probe's L2 weight and its bootstrap resamples are :meth:`TaskEvaluator.linear_probe`'s.
     """
 
     def __init__(
@@ -59,9 +59,6 @@ class DownstreamEvaluation(L.Callback):
         seeds: int = 3,
         layers: list[int] | None = None,
         pooling: Pooling = "mean",
-        probe_l2: float = 1e-3,
-        bootstrap: int = 200,
-        batch_size: int = 64,
         max_train_examples: int | None = None,
         max_test_examples: int | None = None,
         every_n_validations: int = 1,
@@ -88,8 +85,8 @@ class DownstreamEvaluation(L.Callback):
         self.limits = (max_train_examples, max_test_examples)
         self.every_n_validations = every_n_validations
         # The options of TaskEvaluator.linear_probe and TaskEvaluator.finetune.
-        self.probe_options = {"layers": list(layers) if layers else [-1], "pooling": pooling, "l2": probe_l2}
-        self.probe_options |= {"batch_size": batch_size, "bootstrap": bootstrap}
+        # The rest of TaskEvaluator.linear_probe's options (the forward batch) comes with the data module.
+        self.probe_options = {"layers": list(layers) if layers else [-1], "pooling": pooling}
         self.finetune_options = {"seeds": seeds, "steps": finetune_steps, "lr": finetune_lr}
         self.finetune_options["batch_size"] = finetune_batch_size
         self.evaluators: list[TaskEvaluator] = []
@@ -133,9 +130,11 @@ class DownstreamEvaluation(L.Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._attach(trainer)
+        # Task rows are forwarded as validation batches are (data.eval_batch_size).
+        self.probe_options["batch_size"] = getattr(trainer.datamodule, "eval_batch_size", FORWARD_BATCH_SIZE)
         if not self.tasks or self.evaluators:
             return
-        cache_dir = (getattr(trainer.datamodule, "hparams", None) or {}).get("cache_dir")
+        cache_dir = getattr(trainer.datamodule, "cache_dir", None)
         limit = position_limit(pl_module.model)[0] or 512
         length = pl_module.hparams.get("max_seq_length") or 512
         self.prepare(self._tokenizer(trainer, pl_module), min(length, limit, 512), cache_dir)

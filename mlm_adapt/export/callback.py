@@ -119,7 +119,7 @@ def check_trains(trainer: L.Trainer, key: str = "export") -> None:
         if value is not None and not isinstance(value, bool) and value == 0:
             raise MLMAdaptError(
                 f"{name}={value} trains no step, so the {key} would be the base model's weights; "
-                "set it above 0, or use `validate` to score the base model (or export.enabled=false)"
+                "set it above 0, or use `validate` to score the base model (or export.checkpoint=none)"
             )
 
 
@@ -176,11 +176,11 @@ class HFExport(ExportOptions, L.Callback):
     Args:
         output_dir: Where to write; default ``<trainer.default_root_dir>/export``, in the run's root with
             its logs and checkpoints.
-        enabled: Export at the end of ``fit`` (metrics are recorded in checkpoints either way).
-        checkpoint: ``best``: the weights of the validation with the best ``monitor`` value: the best
-            checkpoint of the ``ModelCheckpoint`` that monitors it or, without one, a copy of those
-            weights kept in CPU memory during the run (the final weights if ``monitor`` was never
-            logged); ``last``: the final weights.
+        checkpoint: The weights exported at the end of ``fit``. ``best``: those of the validation with the
+            best ``monitor`` value: the best checkpoint of the ``ModelCheckpoint`` that monitors it or,
+            without one, a copy of those weights kept in CPU memory during the run (the final weights if
+            ``monitor`` was never logged); ``last``: the final weights; ``none``: no export (what the card
+            needs is recorded in checkpoints either way).
         monitor: Any logged metric that picks the best weights, e.g. ``val/loss`` or
             ``downstream/sentiment/macro_f1`` (with ``mode: max``); the step-0 validation competes too.
         mode: ``min`` (losses, perplexity) or ``max`` (accuracy, F1): which ``monitor`` value is best.
@@ -189,13 +189,17 @@ class HFExport(ExportOptions, L.Callback):
     option_prefix: ClassVar[str] = "export."
 
     output_dir: str | None = None
-    enabled: bool = True
-    checkpoint: Literal["best", "last"] = "best"
+    checkpoint: Literal["best", "last", "none"] = "best"
     monitor: str = "val/loss"
     mode: Literal["min", "max"] = "min"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        asked = "export.push_to_hub" if self.push_to_hub else "export.merge_*" if self.merges else None
+        if self.checkpoint == "none" and asked:
+            raise MLMAdaptError(
+                f"{asked} needs an export, but export.checkpoint is none; set it to best or last"
+            )
         # Recorded during fit and saved in checkpoints: the export command rebuilds the card from them.
         self.val_history: dict[int, dict[str, float]] = {}
         self.corpus_stats: dict[str, int] = {}
@@ -217,7 +221,7 @@ class HFExport(ExportOptions, L.Callback):
         if config_callback is not None:
             self.config_yaml = config_callback.parser.dump(config_callback.config, skip_none=False)
         self.corpus_stats = dict(getattr(trainer.datamodule, "corpus_stats", None) or {})
-        if not self.enabled:
+        if self.checkpoint == "none":
             return
         self.export_dir = self.resolved_output_dir(trainer)
         # Fail before training rather than after it.
@@ -259,8 +263,7 @@ class HFExport(ExportOptions, L.Callback):
             self.val_history[trainer.global_step] = metrics
         # The callback keeps the best weights itself when no ModelCheckpoint monitors ``monitor``.
         keeps_best = (
-            self.enabled
-            and self.checkpoint == "best"
+            self.checkpoint == "best"
             and trainer.is_global_zero
             and isinstance(trainer.strategy, WHOLE_WEIGHTS)
             and not self._monitoring(trainer)
@@ -298,7 +301,7 @@ class HFExport(ExportOptions, L.Callback):
 
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.enabled or self.export_dir is None or self._output is None:
+        if self.export_dir is None or self._output is None:
             return
         trainer.strategy.barrier("mlm_adapt_export")
         if not trainer.is_global_zero:
@@ -360,8 +363,8 @@ class HFExport(ExportOptions, L.Callback):
             replay=replay(step) if replay is not None else {},
             merge=report.plain() if report is not None else {},
         )
-        diff = write_export(model, tokenizer, self._output, info, verify=self.verify, progress=progress)
-        check = f"; reload check: max |logit difference| {diff:.2e}" if diff is not None else ""
+        diff = write_export(model, tokenizer, self._output, info, progress=progress)
+        check = f"; reload check: max |logit difference| {diff:.2e}"
         after = f"; val/loss {final['val/loss']:.4f} at step {final_step}" if "val/loss" in final else ""
         merged = f", merged toward the base at α={report.alpha:.4g}" if report is not None else ""
         rank_zero_info(f"mlm_adapt export: wrote {self.export_dir} ({source}{merged}){after}{check}")
@@ -392,7 +395,7 @@ class ExportResult:
     """What :func:`export_checkpoint` did."""
 
     info: ExportInfo
-    logit_difference: float | None
+    logit_difference: float
     hub_url: str | None
     merge: MergeReport | None = None
 
@@ -468,5 +471,5 @@ def export_checkpoint(
         replay=summary_from_checkpoint(checkpoint.get(MLMDataModule.__qualname__)),
         merge=report.plain() if report is not None else {},
     )
-    diff = write_export(module.model, tokenizer, output, info, verify=options.verify, progress=progress)
+    diff = write_export(module.model, tokenizer, output, info, progress=progress)
     return ExportResult(info, diff, options.push(Path(output_dir), progress), report)

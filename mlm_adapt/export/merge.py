@@ -388,7 +388,7 @@ def merge_data(datamodule: Any, scored: Sequence[int | float] = ()) -> MergeData
     and, in halves, of the second, as many batches of each as validation scored (``scored``, by set, e.g.
     ``trainer.num_val_batches``; all of a set it does not name)."""
     names = list(datamodule.validation_set_names)
-    size = datamodule.hparams.eval_batch_size or datamodule.hparams.batch_size
+    size = datamodule.eval_batch_size
 
     def batches(index: int, halves: bool) -> Any:
         dataset = KeyedDataset(datamodule.val_datasets[names[index]])
@@ -426,7 +426,7 @@ def checkpoint_merge_data(
         )
     datamodule.prepare_data()
     datamodule.setup("validate")
-    size = datamodule.hparams.eval_batch_size or datamodule.hparams.batch_size
+    size = datamodule.eval_batch_size
     counts = [math.ceil(len(d) / size) for d in datamodule.val_datasets.values()]
     return merge_data(datamodule, [limited_batches(limit_val_batches, n) for n in counts])
 

@@ -20,6 +20,8 @@ from mlm_adapt.guard.outputs import MARKER
 # huggingface_hub version); HfHubHTTPError derives from that client's HTTPError, so take it from there.
 _CLIENT_ERRORS = tuple(c for c in HfHubHTTPError.__mro__[1:] if c.__name__ == "HTTPError") + (OSError,)
 
+COMMIT_MESSAGE = "Upload adapted masked-LM (mlm_adapt)"
+
 
 @dataclass(kw_only=True, eq=False)
 class ExportOptions:
@@ -29,7 +31,6 @@ class ExportOptions:
         overwrite: Replace an earlier export in the output directory (recognised by its
             .mlm_adapt-export.json marker), atomically. A directory holding anything else, the current
             directory, a run directory and a directory holding an input are refused, overwrite or not.
-        verify: Reload the export and compare its logits with the trained weights on a probe batch.
         license: License identifier in the model card.
         tags: Hub tags in the model card; default: the model's family (bert, xlm-roberta, ...), fill-mask,
             chinese, domain-adaptation, mlm_adapt and the masking scheme's (whole-word-masking unless
@@ -38,7 +39,6 @@ class ExportOptions:
         repo_id: Hub repository NAME or ORG/NAME; required with push_to_hub.
         private: Create the Hub repository as private.
         revision: Hub branch to commit to (created if missing); default main.
-        commit_message: Hub commit message.
         merge_alpha: Export the weights merged back toward the base model the run started from,
             base + merge_alpha * (adapted - base): 1 is the adapted model, 0 the base (docs/export.md).
         merge_budget: Export the merge with the largest alpha whose general validation perplexity rises at
@@ -51,14 +51,12 @@ class ExportOptions:
     option_prefix: ClassVar[str] = "--"
 
     overwrite: bool = False
-    verify: bool = True
     license: str = "apache-2.0"
     tags: list[str] | None = None
     push_to_hub: bool = False
     repo_id: str | None = None
     private: bool = False
     revision: str | None = None
-    commit_message: str = "Upload adapted masked-LM (mlm_adapt)"
     merge_alpha: float | None = None
     merge_budget: float | None = None
 
@@ -106,7 +104,7 @@ class ExportOptions:
         if not self.push_to_hub:
             return None
         with progress.phase(f"uploading to the Hub ({self.repo_id})"):
-            return push_folder(folder, self.repo_id, self.private, self.revision, self.commit_message)
+            return push_folder(folder, self.repo_id, self.private, self.revision)
 
 
 def check_repo_id(repo_id: str, key: str = "repo_id") -> None:
@@ -138,7 +136,6 @@ def push_folder(
     repo_id: str,
     private: bool = False,
     revision: str | None = None,
-    commit_message: str = "Upload adapted masked-LM (mlm_adapt)",
 ) -> str:
     """Uploads ``folder`` as one commit to the model repo ``repo_id`` (created if needed, ``private`` then),
     on the branch ``revision`` (created from ``main`` if missing); returns the commit's URL. Network and
@@ -155,7 +152,7 @@ def push_folder(
             folder_path=str(folder),
             repo_type="model",
             revision=revision,
-            commit_message=commit_message,
+            commit_message=COMMIT_MESSAGE,
             ignore_patterns=[MARKER],  # local bookkeeping of overwrite, not part of the model
         )
     except OfflineModeIsEnabled:

@@ -71,17 +71,16 @@ def write_export(
     tokenizer: PreTrainedTokenizerBase,
     output: Output,
     info: ExportInfo,
-    verify: bool = True,
     progress: Progress | None = None,
-) -> float | None:
+) -> float:
     """Writes ``model`` + ``tokenizer`` (safetensors), the config and the card in a staging directory under
-    ``output``'s lock, checks and publishes them (:func:`~mlm_adapt.guard.outputs.write_directory`); returns
-    the reload check's largest logit difference (``None`` when ``verify`` is off)."""
+    ``output``'s lock, checks and publishes them (:func:`~mlm_adapt.guard.outputs.write_directory`) once a
+    reload of the staged export gives the model's logits; returns that check's largest logit difference."""
     progress = progress or Progress("export")
     # What the card's tags and usage example say of the model: those of the weights written here.
     info.model_type = info.model_type or getattr(model.config, "model_type", None)
     info.mask_token = tokenizer.mask_token or info.mask_token
-    stages = progress.stages(3 + verify, f"Exporting to {Path(output.path).name}")
+    stages = progress.stages(4, f"Exporting to {Path(output.path).name}")
     publishing = progress.phase(f"publishing {output.path}")
     with stages, write_directory(output, publishing) as staging:
         with progress.phase("saving the weights (safetensors)"):
@@ -93,8 +92,6 @@ def write_export(
             render_model_card(info, title=title).save(staging / "README.md")
             if info.merge.get("curve"):
                 draw_curve(info.merge, staging / CURVE_FILENAME)
-        diff = None
-        if verify:
-            with progress.phase("reloading the export to compare logits"):
-                diff = verify_export(model, tokenizer, staging, name=output.path)
+        with progress.phase("reloading the export to compare logits"):
+            diff = verify_export(model, tokenizer, staging, name=output.path)
     return diff

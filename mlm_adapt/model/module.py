@@ -132,7 +132,7 @@ HEAD_KEY = "mlm_adapt_base_head"
 # replay state, the new tokens). The tool's own files are trusted: one whose format differs is refused in
 # one line, never read field by field. Raise it whenever that state changes shape or meaning.
 CHECKPOINT_FORMAT_KEY = "mlm_adapt_checkpoint_format"
-CHECKPOINT_FORMAT = 3  # 3: the data options in groups (data.masking.*, ...), replay under data.replay
+CHECKPOINT_FORMAT = 4
 
 
 def check_checkpoint_format(
@@ -167,8 +167,6 @@ class MaskedLMModule(L.LightningModule):
             ``true``, or the keyword arguments of ``torch.compile`` (e.g. ``{mode: max-autotune}``).
         gradient_checkpointing: Recompute activations in the backward pass (non-reentrant): much less memory
             for about a third more compute, same loss and gradients.
-        log_throughput: Add :class:`MLMThroughputMonitor` (tokens/s, MFU, ...) unless the trainer has a
-            ``ThroughputMonitor``.
         allow_partial_head: Load a checkpoint that holds only part of its masked-LM head, the missing weights
             starting random (refused otherwise). An encoder-only checkpoint (no head at all) always loads.
         head_warmup_steps: Optimizer steps that train the masked-LM head alone, the encoder and embeddings
@@ -188,7 +186,6 @@ class MaskedLMModule(L.LightningModule):
         masked_only_head: bool = True,
         new_tokens_file: str | None = None,
         compile: bool | dict[str, Any] = False,
-        log_throughput: bool = True,
         gradient_checkpointing: bool = False,
         allow_partial_head: bool = False,
         head_warmup_steps: int = 0,
@@ -277,7 +274,9 @@ class MaskedLMModule(L.LightningModule):
 
     @override
     def configure_callbacks(self) -> list[L.Callback]:
-        if not self.hparams.log_throughput or self._trainer is None:
+        # Throughput (tokens/s, MFU) is always logged, unless the trainer has a ThroughputMonitor of its own:
+        # its CUDA sync per step is one a progress bar showing the step's loss makes anyway.
+        if self._trainer is None:
             return []
         has_one = any(isinstance(c, ThroughputMonitor) for c in self.trainer.callbacks)
         return [] if has_one else [MLMThroughputMonitor()]

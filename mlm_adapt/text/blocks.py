@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.text.alignment import flatten
 
 # The word id of special tokens and padding: never part of a masking unit.
@@ -217,18 +216,15 @@ class BlockOptions:
             RoBERTa/XLM-R, ELECTRA, ALBERT, ModernBERT) or setup refuses. See docs/recipe.md.
         group_by_length: With ``packing: false``, batch lines of similar length together (mega-batches of
             50 batches sorted by length), which removes most padding; every example keeps its masks.
-        pad_to_multiple_of: Pad batches to a multiple of this length.
+
+    Batches are padded to a multiple of 8 tokens (tensor-core friendly), as Hugging Face's ``run_mlm`` does.
     """
 
     packing: bool = True
     document_attention: bool = False
     group_by_length: bool = True
-    pad_to_multiple_of: int = 8
 
     def check(self) -> BlockOptions:
-        """Refuses a padding multiple below 1 in one line; returns the options."""
-        if self.pad_to_multiple_of < 1:
-            raise MLMAdaptError(
-                f"data.blocks.pad_to_multiple_of={self.pad_to_multiple_of} must be at least 1"
-            )
+        """Every combination is valid (``document_attention`` without ``packing`` separates nothing);
+        returns the options."""
         return self

@@ -220,7 +220,7 @@ class ForgettingBudget(L.Callback):
         datamodule = trainer.datamodule
         name = datamodule.validation_set_names[1]
         dataset = KeyedDataset(datamodule.val_datasets[name])
-        size = datamodule.hparams.eval_batch_size or datamodule.hparams.batch_size
+        size = datamodule.eval_batch_size
         end = min(len(dataset), size * forgetting_options(trainer).check_batches)
         modes = {module: module.training for module in pl_module.modules()}
         pl_module.eval()

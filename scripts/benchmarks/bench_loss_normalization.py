@@ -80,7 +80,7 @@ class StepClock(L.Callback):
 
 def run(variant: str, model_dir: Path, steps: int, out_file: Path) -> float:
     module_class = PerMicroBatchMean if variant == "baseline" else MaskedLMModule
-    module = module_class(str(model_dir), max_seq_length=SEQ, log_throughput=False, warmup=0)
+    module = module_class(str(model_dir), max_seq_length=SEQ, warmup=0)
     data = MaskedBatches(BATCH * 2 * ACCUMULATION * (steps + WARMUP + 1), module.model.config.vocab_size)
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH)
     trainer = quiet_trainer(

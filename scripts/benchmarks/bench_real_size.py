@@ -102,7 +102,7 @@ def run_family(family: str, root: Path, corpus: Path, args: argparse.Namespace) 
         "--trainer.callbacks.save_last=true",
         "--trainer.callbacks+=_step_timer.StepTimer",
         f"--trainer.callbacks.out_file={work / 'steps.json'}",
-        "--export.enabled=false",
+        "--export.checkpoint=none",
     ]
     if args.task_examples:
         tasks = json.dumps([sentiment_task(work, args.task_examples)])

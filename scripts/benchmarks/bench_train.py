@@ -62,7 +62,7 @@ def run_fit(model_dir: Path, corpus: Path, extra: list[str], steps: int, batch_s
         "--trainer.enable_progress_bar=false",
         "--trainer.callbacks+=_bench_clock.StepClock",
         f"--trainer.callbacks.path={clock}",
-        "--export.enabled=false",
+        "--export.checkpoint=none",
         *extra,
     ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=BENCH_DIR)

@@ -63,6 +63,26 @@ def test_fit_refuses_a_bad_repo_id_before_training(tiny_model_dir, corpus, tmp_p
     assert written(root) == []
 
 
+@pytest.mark.parametrize(
+    "asked, option",
+    [
+        ("--export.push_to_hub=true --export.repo_id=me/model", "export.push_to_hub"),
+        ("--export.merge_alpha=0.5", "export.merge_*"),
+    ],
+)
+def test_fit_refuses_a_push_or_merge_without_an_export(
+    asked, option, tiny_model_dir, corpus, tmp_path, capsys
+):
+    root = tmp_path / "run"
+    code, lines = run_main(
+        fit_args(tiny_model_dir, corpus, root, "--export.checkpoint=none", *asked.split()), capsys
+    )
+    assert code == 2 and lines == [
+        f"mlm_adapt: error: {option} needs an export, but export.checkpoint is none; set it to best or last"
+    ]
+    assert written(root) == []
+
+
 @pytest.mark.parametrize("repo_id", ["me/model", "org-1/chinese_bert.v2", "name"])
 def test_good_repo_ids_pass(repo_id):
     check_repo_id(repo_id)
@@ -172,10 +192,6 @@ def test_fit_refuses_a_model_dir_before_work(case, corpus, tmp_path, capsys):
 # Values a library accepts and then divides by, or silently reads as another value.
 NUMERIC_CASES = {
     "accumulate_grad_batches_0": ("--trainer.accumulate_grad_batches=0", "must be at least 1"),
-    "pad_to_multiple_of_0": (
-        "--data.blocks.pad_to_multiple_of=0",
-        "data.blocks.pad_to_multiple_of=0 must be at least 1",
-    ),
     "warmup_nan": ("--model.warmup=nan", 'Parser key "model.warmup"'),
     "lr_nan": ("--model.optimizer=torch.optim.AdamW --model.optimizer.lr=nan", "lr"),
 }

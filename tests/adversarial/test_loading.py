@@ -153,7 +153,9 @@ def test_trainer_ckpt_path(case, tiny_model_dir, small_corpus, tmp_path, capsys)
     sentinel = tmp_path / "pwned"
     ckpt = build(tmp_path / "evil.ckpt", sentinel)
     root = tmp_path / "run"
-    args = tiny_fit_args(tiny_model_dir, small_corpus, root, "--export.enabled=false", f"--ckpt_path={ckpt}")
+    args = tiny_fit_args(
+        tiny_model_dir, small_corpus, root, "--export.checkpoint=none", f"--ckpt_path={ckpt}"
+    )
     line = fails_with([command, *args], capsys)
     assert reason.format(ckpt=ckpt) in line, line
     assert not sentinel.exists()
@@ -236,7 +238,7 @@ def test_fit_base_model_directory(case, tiny_model_dir, small_corpus, tmp_path, 
     shutil.copytree(tiny_model_dir, model)
     sentinel = tmp_path / "pwned"
     damage(model, sentinel)
-    args = tiny_fit_args(model, small_corpus, tmp_path / "run", "--export.enabled=false")
+    args = tiny_fit_args(model, small_corpus, tmp_path / "run", "--export.checkpoint=none")
     line = fails_with(["fit", *args], capsys)
     assert line.startswith("mlm_adapt: error: model.model_name_or_path:") and reason in line, line
     assert not sentinel.exists()

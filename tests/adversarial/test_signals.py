@@ -52,7 +52,7 @@ def test_signal_during_fit(case, tiny_model_dir, corpus_file, tmp_path, capsys):
         if when == "train_end"
         else callback("SendSignalAt", signum=int(signum), batch_idx=when)
     )
-    args = tiny_fit_args(tiny_model_dir, corpus_file, root, "--export.enabled=false", sender, *extra)
+    args = tiny_fit_args(tiny_model_dir, corpus_file, root, "--export.checkpoint=none", sender, *extra)
     previous = signal.getsignal(signum)
     with pytest.raises(SystemExit) as stopped:
         main(["fit", *args])
@@ -81,7 +81,7 @@ def test_a_stop_while_the_corpus_is_prepared_names_no_step(tiny_model_dir, corpu
         '--data.segmentation.segmenter={"class_path": "_payloads_and_callbacks.SignalWhileSegmenting"}'
     )
     root = tmp_path / "run"
-    args = tiny_fit_args(tiny_model_dir, corpus_file, root, "--export.enabled=false", segmenter)
+    args = tiny_fit_args(tiny_model_dir, corpus_file, root, "--export.checkpoint=none", segmenter)
     with pytest.raises(SystemExit) as stopped:
         main(["fit", *args])
     assert stopped.value.code == 143
@@ -101,7 +101,7 @@ def test_a_stop_checkpoint_that_is_not_there_is_not_named(
 
     root = tmp_path / "run"
     sender = callback("SendSignalAt", signum=int(signal.SIGTERM), batch_idx=1)
-    args = tiny_fit_args(tiny_model_dir, corpus_file, root, "--export.enabled=false", sender)
+    args = tiny_fit_args(tiny_model_dir, corpus_file, root, "--export.checkpoint=none", sender)
     monkeypatch.setattr(L.Trainer, "save_checkpoint", lambda self, *args, **kwargs: None)
     with pytest.raises(SystemExit) as stopped:
         main(["fit", *args])

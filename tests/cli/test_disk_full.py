@@ -52,7 +52,7 @@ def test_fit_writing_checkpoints_on_a_full_disk(full_disk, tiny_model_dir, corpu
         corpus_file,
         tmp_path,
         f"--trainer.default_root_dir={full_disk}",
-        "--export.enabled=false",
+        "--export.checkpoint=none",
     )
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", *args])

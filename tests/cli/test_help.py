@@ -41,6 +41,16 @@ def test_own_options_come_first_and_the_trainers_last(help_text):
     assert headings == [f"{text}:" for text in GROUP_HEADINGS.values()]
 
 
+def test_the_own_options_stay_few(help_text):
+    """A user reads every own option: at most 72 (model, data, forgetting, export, downstream), at most 15
+    of them ``data.*`` outside its groups; a group's config path and ``--*.help`` are no options."""
+    own = re.findall(rf"^  --((?:{'|'.join(OWN_GROUPS)})\.[\w.]+) (?!CONFIG)", help_text, flags=re.M)
+    own = [name for name in own if not name.endswith(".help")]
+    assert len(own) == len(set(own)) and len(own) <= 72, len(own)
+    data_ungrouped = [name for name in own if name.startswith("data.") and name.count(".") == 1]
+    assert len(data_ungrouped) <= 15, data_ungrouped
+
+
 def test_no_lightning_flag_that_cannot_work_is_shown(help_text):
     assert "--weights_only" not in help_text  # checkpoints are always read weights-only
     assert "registry" not in help_text  # neither --ckpt_path registry nor --trainer.model_registry
@@ -76,13 +86,13 @@ RENAMED = {
     "data.packing": "data.blocks.packing",
     "data.document_attention": "data.blocks.document_attention",
     "data.group_by_length": "data.blocks.group_by_length",
-    "data.pad_to_multiple_of": "data.blocks.pad_to_multiple_of",
     "data.mix_files": "data.replay.files",
     "data.mix_probability": "data.replay.rate",
     "data.max_mix_rate": "forgetting.max_replay_rate",
     "data.streaming": "data.streaming.enabled",
     "data.shuffle_buffer_size": "data.streaming.shuffle_buffer_size",
     "data.streaming_validation_documents": "data.streaming.validation_documents",
+    "export.enabled": "export.checkpoint",
 }
 
 
@@ -107,7 +117,20 @@ def test_an_old_name_is_an_unknown_option_in_one_line(old, tmp_path, capsys):
 
 
 # Options that are gone (docs/changelog.md says what replaces each).
-REMOVED = ("model.mask_attention", "model.compile_options", "downstream.cache_dir", "downstream.max_length")
+REMOVED = (
+    "model.mask_attention",
+    "model.compile_options",
+    "downstream.cache_dir",
+    "downstream.max_length",
+    "downstream.batch_size",
+    "downstream.probe_l2",
+    "downstream.bootstrap",
+    "data.pad_to_multiple_of",
+    "data.blocks.pad_to_multiple_of",
+    "export.verify",
+    "export.commit_message",
+    "model.log_throughput",
+)
 
 
 def test_no_removed_option_is_in_the_help(help_text):

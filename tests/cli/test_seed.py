@@ -51,7 +51,7 @@ def _losses(model_dir, corpus_file, root, seed: int, capsys) -> list[str]:
         f"--seed_everything={seed}",
         "--trainer.max_steps=3",
         "--trainer.log_every_n_steps=1",
-        "--export.enabled=false",
+        "--export.checkpoint=none",
     )
     code, _, err = run_main(["fit", *args], capsys)
     assert code == 0, err[-2000:]

@@ -55,7 +55,7 @@ def test_class_path_segmenter_with_opencc_fits_and_is_resume_fixed(
         "--trainer.max_steps=3",
         "--trainer.val_check_interval=3",
         f"--trainer.callbacks+={checkpoint}",
-        "--export.enabled=false",
+        "--export.checkpoint=none",
         f'--trainer.logger={{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": '
         f'{{"save_dir": "{tmp_path / "logs"}"}}}}',
     )
@@ -108,7 +108,7 @@ def test_segmenter_without_type_hints_fits(tiny_model_dir, corpus_file, tmp_path
         "--trainer.limit_val_batches=1",
         "--trainer.logger=false",
         f"--trainer.callbacks+={checkpoint}",
-        "--export.enabled=false",
+        "--export.checkpoint=none",
     )
     main(["fit", *args])
     saved = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)

@@ -134,7 +134,7 @@ def order_args(model: Path, corpus: Path, rec: Path, steps: int) -> list[str]:
         f"--trainer.max_steps={steps}",
         "--trainer.limit_val_batches=0",
         "--trainer.enable_progress_bar=false",
-        "--export.enabled=false",
+        "--export.checkpoint=none",
         "--trainer.callbacks+=tests.recorder.BatchRecorder",
         f"--trainer.callbacks.out_dir={rec}",
         "--trainer.callbacks.pause_s=0.1",

@@ -17,7 +17,7 @@ from mlm_adapt.errors import MLMAdaptError
 def _fit(tiny_model_dir, corpus_file, tmp_path, callback, **trainer_args):
     from lightning.pytorch.loggers import CSVLogger
 
-    module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64, log_throughput=False)
+    module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64)
     datamodule = make_datamodule(tiny_model_dir, corpus_file, tmp_path, validation_split=0.1)
     logger = CSVLogger(tmp_path / "logs", name="csv")
     args = dict(max_steps=4, val_check_interval=2, limit_val_batches=1, callbacks=[callback], logger=logger)
@@ -37,7 +37,7 @@ def test_probe_scores_logged_at_step_0_and_every_validation(tiny_model_dir, corp
         task("sentiment", sentiment_files(tmp_path)),
         task("ner", ner_files(tmp_path), type="token_classification"),
     ]
-    callback = DownstreamEvaluation(tasks=tasks, bootstrap=10)
+    callback = DownstreamEvaluation(tasks=tasks)
     before = torch.random.get_rng_state()
     trainer, module, rows = _fit(tiny_model_dir, corpus_file, tmp_path, callback)
     accuracy = _logged(rows, "downstream/sentiment/accuracy")
@@ -57,8 +57,8 @@ def test_validate_scores_the_tasks_under_inference_mode(tiny_model_dir, corpus_f
     fine-tune's training cannot build a graph unless evaluation leaves it."""
     tasks = [task("sentiment", sentiment_files(tmp_path))]
     options = {"finetune_steps": 2} if method == "finetune" else {}
-    callback = DownstreamEvaluation(tasks=tasks, method=method, seeds=1, bootstrap=10, **options)
-    module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64, log_throughput=False)
+    callback = DownstreamEvaluation(tasks=tasks, method=method, seeds=1, **options)
+    module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64)
     datamodule = make_datamodule(tiny_model_dir, corpus_file, tmp_path, validation_split=0.1)
     trainer = quiet_trainer(limit_val_batches=1, callbacks=[callback])
     (metrics,) = trainer.validate(module, datamodule=datamodule)
@@ -72,13 +72,13 @@ def test_evaluation_does_not_change_training(tiny_model_dir, corpus_file, tmp_pa
     weights = []
     for callback in (
         None,
-        DownstreamEvaluation(tasks=[task("s", sentiment_files(tmp_path))], bootstrap=0),
+        DownstreamEvaluation(tasks=[task("s", sentiment_files(tmp_path))]),
         DownstreamEvaluation(
             tasks=[task("s", sentiment_files(tmp_path))], method="finetune", seeds=1, finetune_steps=2
         ),
     ):
         L.seed_everything(0)
-        module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64, log_throughput=False)
+        module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64)
         datamodule = make_datamodule(tiny_model_dir, corpus_file, tmp_path, validation_split=0.1)
         trainer = quiet_trainer(
             max_steps=3, val_check_interval=2, limit_val_batches=1, callbacks=[callback] if callback else []

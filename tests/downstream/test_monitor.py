@@ -37,7 +37,7 @@ def test_export_keeps_the_weights_of_the_best_logged_value(
     tiny_model_dir, corpus_file, tmp_path, mode, best_step
 ):
     scores = ScriptedScore([0.2, 0.9, 0.1, 0.5])  # validations at steps 0 (baseline), 2, 4, 6
-    export = HFExport(output_dir=str(tmp_path / "out"), monitor="custom/score", mode=mode, verify=False)
+    export = HFExport(output_dir=str(tmp_path / "out"), monitor="custom/score", mode=mode)
     trainer = quiet_trainer(
         max_steps=6,
         val_check_interval=2,
@@ -45,7 +45,7 @@ def test_export_keeps_the_weights_of_the_best_logged_value(
         default_root_dir=tmp_path,
         callbacks=[scores, export, BeforeAfterValidation()],
     )
-    module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64, log_throughput=False)
+    module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64)
     module.configure_optimizers = lambda: torch.optim.AdamW(module.parameters(), lr=1e-2)
     trainer.fit(module, make_datamodule(tiny_model_dir, corpus_file, tmp_path, validation_split=0.1))
     assert sorted(scores.weights) == [0, 2, 4, 6]
@@ -83,7 +83,6 @@ def test_cli_downstream_group_logs_step_0_and_validations_and_exports_by_task_sc
             "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
             f"--trainer.logger.save_dir={tmp_path}",
             f"--downstream.tasks={json.dumps(tasks)}",
-            "--downstream.bootstrap=10",
             "--export.monitor=downstream/sentiment/macro_f1",
             "--export.mode=max",
             f"--export.output_dir={tmp_path / 'export'}",

@@ -23,7 +23,7 @@ METRICS = {
 
 
 def _fit(tiny_model_dir, corpus_file, tmp_path, callback, caplog, **trainer_args):
-    module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64, log_throughput=False)
+    module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64)
     datamodule = make_datamodule(tiny_model_dir, corpus_file, tmp_path, validation_split=0.1)
     args = dict(max_steps=5, val_check_interval=1, limit_val_batches=1, callbacks=[callback])
     trainer = quiet_trainer(**{**args, **trainer_args})
@@ -38,7 +38,6 @@ def test_probe_of_every_type_every_second_validation_with_bounds_and_progress_li
 ):
     callback = DownstreamEvaluation(
         tasks=all_type_tasks(tmp_path, n=40),
-        bootstrap=5,
         max_train_examples=30,
         max_test_examples=16,
         every_n_validations=2,

@@ -21,6 +21,7 @@ from mlm_adapt.cli import main
 from mlm_adapt.cli.commands import export_main
 from mlm_adapt.errors import MLMAdaptError
 from mlm_adapt.export import HFExport
+from mlm_adapt.export.options import COMMIT_MESSAGE
 from mlm_adapt.export.writer import verify_export
 from mlm_adapt.guard.outputs import MARKER
 
@@ -215,7 +216,6 @@ def test_export_push_to_hub_arguments(trained_run, tmp_path, monkeypatch, capsys
         repo_id="someone/tiny-zh-reviews",
         private=True,
         revision="adapted",
-        commit_message="Adapted on reviews",
     )
     assert hub.calls == [
         (
@@ -238,7 +238,7 @@ def test_export_push_to_hub_arguments(trained_run, tmp_path, monkeypatch, capsys
                 "folder_path": str(out),
                 "repo_type": "model",
                 "revision": "adapted",
-                "commit_message": "Adapted on reviews",
+                "commit_message": COMMIT_MESSAGE,
                 "ignore_patterns": [MARKER],
             },
         ),

@@ -64,7 +64,6 @@ def one_step(model_dir: str, out_file: Path, batch_size: int, accumulation: int,
         max_seq_length=SEQ_LEN,
         optimizer=lambda params: torch.optim.SGD(params, lr=0.0),
         warmup=0,
-        log_throughput=False,
     )
     data = GlobalBatch(module.model.config.vocab_size)
     loader = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=False)

@@ -208,6 +208,3 @@ def test_module_adds_throughput_monitor_by_default(tiny_model_dir):
     module = MaskedLMModule(str(tiny_model_dir), max_seq_length=64)
     module.trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
     assert [type(c) for c in module.configure_callbacks()] == [MLMThroughputMonitor]
-    off = MaskedLMModule(str(tiny_model_dir), max_seq_length=64, log_throughput=False)
-    off.trainer = module.trainer
-    assert off.configure_callbacks() == []

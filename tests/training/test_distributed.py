@@ -38,7 +38,6 @@ def ddp_run(tmp_path_factory, tiny_model_dir, review_texts) -> tuple[Path, subpr
             f"--trainer.max_steps={STEPS}",
             f"--trainer.val_check_interval={STEPS}",
             f"--downstream.tasks={json.dumps(tasks)}",
-            "--downstream.bootstrap=20",
             "--trainer.callbacks+=tests.recorder.BatchRecorder",
             f"--trainer.callbacks.out_dir={root / 'rec'}",
             "--trainer.callbacks+=tests.downstream.rank_metrics.RankMetrics",
@@ -89,7 +88,8 @@ def test_ddp_ranks_log_the_single_device_scores(ddp_run):
     assert final["step"] == STEPS and "downstream/ner/f1" in final["metrics"]
     assert "downstream/pairs/accuracy" in final["metrics"] and "downstream/scores/pearson" in final["metrics"]
     # The exported final weights, scored in this process on one device, give the logged numbers.
-    single = DownstreamEvaluation(tasks=json.loads((root / "tasks.json").read_text()), bootstrap=20)
+    single = DownstreamEvaluation(tasks=json.loads((root / "tasks.json").read_text()))
+    single.probe_options["batch_size"] = 8  # the run forwarded its rows data.eval_batch_size (8) at a time
     single.prepare(AutoTokenizer.from_pretrained(root / "export"), max_length=64)
     expected = single.evaluate(AutoModelForMaskedLM.from_pretrained(root / "export"))
     for name, value in expected.items():

@@ -45,7 +45,7 @@ def _replay(root: Path) -> list[str]:
 
 
 def _downstream(root: Path) -> list[str]:
-    return [f"--downstream.tasks={json.dumps(all_type_tasks(root, n=40)[:2])}", "--downstream.bootstrap=10"]
+    return [f"--downstream.tasks={json.dumps(all_type_tasks(root, n=40)[:2])}"]
 
 
 # name: (extra arguments for the settings' runs, given the shared directory)
@@ -94,7 +94,7 @@ def _args(model_dir: Path, corpus: Path, root: Path, shared: Path, setting: str,
         "--trainer.gradient_clip_val=1.0",
         "--model.lr_schedule=linear",
         "--model.warmup=0.1",
-        "--export.enabled=false",
+        "--export.checkpoint=none",
         "--trainer.callbacks+=ModelCheckpoint",
         f"--trainer.callbacks.dirpath={root / 'ckpt'}",
         f"--trainer.callbacks.every_n_train_steps={CHECKPOINT_EVERY}",

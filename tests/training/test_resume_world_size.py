@@ -26,7 +26,7 @@ def _args(model_dir: Path, corpus: Path, root: Path, cache: Path, ranks: int, st
         f"--trainer.devices={ranks}",
         *(["--trainer.strategy=ddp"] if ranks > 1 else []),
         "--trainer.limit_val_batches=0",
-        "--export.enabled=false",
+        "--export.checkpoint=none",
         "--trainer.callbacks+=ModelCheckpoint",
         f"--trainer.callbacks.dirpath={root / 'ckpt'}",
         "--trainer.callbacks.save_last=true",
