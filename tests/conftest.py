@@ -18,10 +18,14 @@ import pytest
 # torchrun and torch's compiler write to $TMPDIR) goes under one directory that the process which made it
 # removes at the end: the suite leaves nothing in the system's temp directory. The controller makes it before
 # xdist starts its workers, which inherit it through the environment.
+# It goes at the exit of that process (the controller, after its workers; also when pytest stops at its
+# arguments, before any hook): after multiprocessing removes its own ``pymp-*`` directory in it (an exit
+# finalizer of priority -100), which, removed before, prints a ``FileNotFoundError`` traceback.
 TEMP_ROOT_ENV = "MLM_ADAPT_TEST_TEMP"
-_OWNS_TEMP_ROOT = TEMP_ROOT_ENV not in os.environ
-if _OWNS_TEMP_ROOT:
+if TEMP_ROOT_ENV not in os.environ:
     os.environ[TEMP_ROOT_ENV] = tempfile.mkdtemp(prefix="mlm_adapt_tests_")
+    _removal = {"kwargs": {"ignore_errors": True}, "exitpriority": -200}
+    Finalize(None, shutil.rmtree, args=(os.environ[TEMP_ROOT_ENV],), **_removal)
 os.environ["TMPDIR"] = tempfile.tempdir = os.environ[TEMP_ROOT_ENV]
 
 # Under pytest-xdist (addopts: -n auto) the workers share the cores: each worker's torch, and the CLI
@@ -60,15 +64,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for name in SHARED_RUNS.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(name))
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """The run's temp directory goes with the process that made it (the controller, after its workers), at
-    its exit: after multiprocessing removes its own ``pymp-*`` directory in it (an exit finalizer of
-    priority -100), which, removed before, prints a ``FileNotFoundError`` traceback."""
-    if _OWNS_TEMP_ROOT:
-        root = os.environ[TEMP_ROOT_ENV]
-        Finalize(None, shutil.rmtree, args=(root,), kwargs={"ignore_errors": True}, exitpriority=-200)
 
 
 @pytest.fixture(scope="session", autouse=True)
