@@ -22,8 +22,6 @@ from mlm_adapt.text.files import expand_files
 from mlm_adapt.text.tokenizer import load_tokenizer
 
 PREFIX = "downstream"
-# Rows per forward pass with a data module that names no eval_batch_size.
-FORWARD_BATCH_SIZE = 64
 
 
 class DownstreamEvaluation(L.Callback):
@@ -130,8 +128,10 @@ class DownstreamEvaluation(L.Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._attach(trainer)
-        # Task rows are forwarded as validation batches are (data.eval_batch_size).
-        self.probe_options["batch_size"] = getattr(trainer.datamodule, "eval_batch_size", FORWARD_BATCH_SIZE)
+        # Task rows are forwarded as validation batches are (data.eval_batch_size); without a data module
+        # that says, linear_probe's default.
+        if hasattr(trainer.datamodule, "eval_batch_size"):
+            self.probe_options["batch_size"] = trainer.datamodule.eval_batch_size
         if not self.tasks or self.evaluators:
             return
         cache_dir = getattr(trainer.datamodule, "cache_dir", None)
