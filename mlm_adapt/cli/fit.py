@@ -70,9 +70,9 @@ def group_value_line(key: str, value: Any, example: str) -> str:
 
 
 def option_error_line(message: str) -> str | None:
-    """One line for jsonargparse's union report on
-    ``data.segmentation.segmenter``/``data.segmentation.opencc`` (else ``None``): which
-    value, why, and what is accepted, instead of the usage and a dozen lines about every union member."""
+    """One line for jsonargparse's union report on ``data.segmentation.segmenter`` or
+    ``data.segmentation.opencc`` (else ``None``): which value, why, and what is accepted, instead of the usage
+    and a dozen lines about every union member."""
     given = _GIVEN.search(message)
     value = given.group(1).strip() if given else "?"
     link = _LINK_TARGET.match(message)

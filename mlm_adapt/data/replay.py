@@ -2,10 +2,9 @@
 
 Replay (``data.replay.files``) keeps the general text as its own blocks; every training slot (one example of
 one batch) takes a general block instead of its domain block with the step's *replay rate*. Which slots do,
-and
-which block each takes, is a pure function of the slot's masking key (:mod:`mlm_adapt.masking.collator`): the
-same on every rank and worker layout and after an exact resume, like the masks. The draw happens in the main
-process right before the step (``MLMDataModule.on_before_batch_transfer``), not in the sampler or the
+and which block each takes, is a pure function of the slot's masking key (:mod:`mlm_adapt.masking.collator`):
+the same on every rank and worker layout and after an exact resume, like the masks. The draw happens in the
+main process right before the step (``MLMDataModule.on_before_batch_transfer``), not in the sampler or the
 workers, which run batches ahead: the rate of step ``s`` is the rate after every check up to ``s``.
 
 The rate is fixed (``data.replay.rate``) or moved by :meth:`Replay.update` after each forgetting check

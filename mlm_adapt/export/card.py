@@ -236,9 +236,8 @@ def _budget_lines(replay: dict[str, Any]) -> list[str]:
     lines += [
         f"General-text replay was steered to keep the general validation perplexity within +{budget:.0%} of "
         f"step {base}; {replay['checks']} check(s) ran after step {base}, the last at step "
-        f"{replay['last_check']}, where it was {replay['last_rise']:+.1%}: the budget {held}. Mean replay "
-        "rate "
-        f"{replay['mean_rate']:.3f}, final {final:g}.",
+        f"{replay['last_check']}, where it was {replay['last_rise']:+.1%}: the budget {held}. "
+        f"Mean replay rate {replay['mean_rate']:.3f}, final {final:g}.",
         "",
         f"| step | general perplexity vs step {base} | replay rate from here |",
         "|---:|---:|---:|",

@@ -141,8 +141,7 @@ def _join_back_error(joined: str, lengths: np.ndarray, words: Sequence[Sequence[
         if "".join(text_words) != text:
             return MLMAdaptError(
                 f"data.segmentation.segmenter: words do not join back to the text {text[:60]!r}; a segmenter "
-                "must return "
-                "every character of the text, whitespace included"
+                "must return every character of the text, whitespace included"
             )
     return MLMAdaptError(
         f"data.segmentation.segmenter: {len(words)} word lists for {len(lengths)} texts; give one per text"

@@ -6,12 +6,11 @@ Whole-word masking needs, for every text, words that concatenate back to it exac
 ``docs/segmenters.md``); :class:`Segmentation` builds and checks the configured one.
 
 ``data.segmentation.segmenter`` is a config value from end to end: a built-in name, or the
-``class_path``/``init_args``
-that jsonargparse resolves (:data:`SegmenterFactory`: class and init args checked, nothing built). The data
-module records that value as given (hyperparameters, checkpoints, the resume check), and
-:class:`Segmentation` builds the segmenter from it, by the same jsonargparse resolution, in every process that
-segments: the command's own, and each DataLoader worker of a streamed corpus, which gets the value pickled,
-never a loaded model. The value is also what the blocks' cache fingerprint hashes.
+``class_path``/``init_args`` that jsonargparse resolves (:data:`SegmenterFactory`: class and init args
+checked, nothing built). The data module records that value as given (hyperparameters, checkpoints, the resume
+check), and :class:`Segmentation` builds the segmenter from it, by the same jsonargparse resolution, in every
+process that segments: the command's own, and each DataLoader worker of a streamed corpus, which gets the
+value pickled, never a loaded model. The value is also what the blocks' cache fingerprint hashes.
 """
 
 from __future__ import annotations
@@ -302,15 +301,15 @@ class PkusegSegmenter(_LazyModel):
                     # spacy-pkuseg falls back to pickle.load for it: loading the model would run its code.
                     raise MLMAdaptError(
                         f"data.segmentation.segmenter: pkuseg model {candidate} has features.pkl and no "
-                        "features.msgpack; "
-                        "spacy-pkuseg would unpickle it, which can run any code, so mlm_adapt refuses it: "
+                        "features.msgpack; spacy-pkuseg would unpickle it, which can run any code, so "
+                        "mlm_adapt refuses it: "
                         "use a model saved by a current spacy-pkuseg (features.msgpack)"
                     )
                 return candidate.resolve()
         raise MLMAdaptError(
             f"data.segmentation.segmenter: pkuseg model {model!r} is neither a directory with weights.npz "
-            "nor a model "
-            f"in {home}; download it once (spacy-pkuseg's releases) and give its directory as init_args.model"
+            f"nor a model in {home}; download it once (spacy-pkuseg's releases) and give its directory as "
+            "init_args.model"
         )
 
     def _load(self) -> Any:
@@ -357,8 +356,7 @@ def _from_class_path(spec: Mapping[str, Any]) -> Any:
         if isinstance(cause, ImportError | AttributeError) or "import path" in reason:
             raise MLMAdaptError(
                 f"data.segmentation.segmenter: cannot import class_path {name!r} ({reason}); give an "
-                "importable class "
-                f"(module.Class) or a built-in name ({', '.join(BUILTIN_NAMES)})"
+                f"importable class (module.Class) or a built-in name ({', '.join(BUILTIN_NAMES)})"
             ) from None
         raise MLMAdaptError(
             f"data.segmentation.segmenter: {name}(**{shown}) failed: {reason}; check "
@@ -444,8 +442,7 @@ class Segmentation:
         if (hmm or user_dict) and self.name not in JIEBA_BACKENDS:
             raise MLMAdaptError(
                 "data.segmentation.hmm/data.segmentation.user_dict apply to rjieba and jieba, not "
-                f"{self.name}; "
-                "give the segmenter's own options in its init_args"
+                f"{self.name}; give the segmenter's own options in its init_args"
             )
         self.hmm, self.user_dict = hmm, user_dict
         self.converter = ChineseConverter(opencc) if opencc else None
@@ -464,8 +461,7 @@ class Segmentation:
             if self.spec not in BUILTIN_CLASSES:
                 raise MLMAdaptError(
                     f"data.segmentation.segmenter: unknown segmenter {self.spec!r}; use one of "
-                    f"{', '.join(BUILTIN_NAMES)} "
-                    "or a class_path with init_args"
+                    f"{', '.join(BUILTIN_NAMES)} or a class_path with init_args"
                 )
             return BUILTIN_CLASSES[self.spec]()
         return _from_class_path(self.spec)

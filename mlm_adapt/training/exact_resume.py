@@ -59,8 +59,7 @@ def continue_on_other_world(
     grouped = any(isinstance(s, LengthGroupedEpochSampler) for s in samplers)
     order = (
         "data.blocks.group_by_length groups the order by the number of ranks, so the remaining examples come "
-        "in "
-        "another order"
+        "in another order"
         if grouped
         else f"the epoch's example order continues at example {consumed}"
         if exact

@@ -130,7 +130,6 @@ def test_class_without_segment_method_is_refused_in_one_line(
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mlm_adapt: error:")]
     assert lines == [
         f"mlm_adapt: error: data.segmentation.segmenter: {__name__}.NoSegmentMethod has no segment(texts) "
-        "method; "
-        "use a built-in name (rjieba, jieba, thulac, snownlp, pkuseg) or the class_path of a class with "
-        "segment(texts)"
+        "method; use a built-in name (rjieba, jieba, thulac, snownlp, pkuseg) or the class_path of a class "
+        "with segment(texts)"
     ]
