@@ -51,7 +51,7 @@ os.environ["MLM_ADAPT_HELP_CACHE"] = os.path.join(os.environ[TEMP_ROOT_ENV], "he
 
 
 # Fixtures of scope module or session that run a whole fit, shared by several tests.
-SHARED_RUNS = {"trained_run", "ddp_run", "straight_runs"}
+SHARED_RUNS = {"trained_run", "ddp_run", "straight_runs", "hub_run"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids

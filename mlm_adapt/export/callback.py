@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from mlm_adapt.data.progress import Progress
 from mlm_adapt.data.replay import summary_from_checkpoint
 from mlm_adapt.downstream import DownstreamEvaluation
 from mlm_adapt.errors import MLMAdaptError
-from mlm_adapt.export.card import ExportInfo, val_metrics_at
+from mlm_adapt.export.card import ExportInfo, checkpoint_name, val_metrics_at
 from mlm_adapt.export.merge import (
     MergeReport,
     Scorer,
@@ -44,6 +45,7 @@ from mlm_adapt.model.checkpoints import (
     checkpoint_metadata,
     load_checkpoint,
     module_from_checkpoint,
+    saved_checkpoints,
     tokenizer_for,
 )
 from mlm_adapt.model.metrics import EVAL_NAMES, SPREAD_SUFFIX, before_after_metrics, validation_prefix
@@ -208,6 +210,9 @@ class HFExport(ExportOptions, L.Callback):
         self._output: Output | None = None
         # The best weights by ``monitor`` when no ModelCheckpoint keeps them: (value, step, CPU state dict).
         self._best: tuple[float, int, dict[str, torch.Tensor]] | None = None
+        # Checkpoint files seen and steps pushed to a branch of their own (pushes_checkpoints).
+        self._seen: set[str] = set()
+        self._pushed_steps: set[int | None] = set()
 
     def _monitoring(self, trainer: L.Trainer) -> list[ModelCheckpoint]:
         """The trainer's checkpoint callbacks that monitor ``monitor``."""
@@ -245,6 +250,11 @@ class HFExport(ExportOptions, L.Callback):
             inputs=_inputs(trainer, pl_module, tasks),
             run_dirs=_run_dirs(trainer),
         )
+        if self.pushes_checkpoints and not trainer.checkpoint_callbacks:
+            raise MLMAdaptError(
+                f"export.revision={self.revision!r} pushes each checkpoint the fit saves, but it saves none; "
+                "add a ModelCheckpoint to trainer.callbacks (every_n_train_steps: how often) or drop {step}"
+            )
         if trainer.is_global_zero:
             check_output(self._output)
             if self.push_to_hub:
@@ -277,6 +287,47 @@ class HFExport(ExportOptions, L.Callback):
                 self._best = (value, trainer.global_step, state)
 
     @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        # A ModelCheckpoint runs after this callback: what it saved at a step is pushed a batch later.
+        self._push_checkpoints(trainer)
+
+    def _push_checkpoints(self, trainer: L.Trainer) -> None:
+        """With ``pushes_checkpoints``: on rank 0, exports each checkpoint file the ModelCheckpoints saved
+        since the last call and pushes it to its step's branch (a file per step: ``last.ckpt`` repeats one).
+        A failed push is one warning: training goes on, the checkpoint stays, ``export`` pushes it later."""
+        if not (self.pushes_checkpoints and trainer.is_global_zero and self._output is not None):
+            return
+        saved = {p for c in trainer.checkpoint_callbacks for p in saved_checkpoints(c)} - self._seen
+        self._seen |= saved
+        found = {}
+        for path in sorted(saved, key=lambda p: Path(p).name.startswith("last")):  # a step's own name first
+            found.setdefault(checkpoint_metadata(path, key="export.revision").get("global_step"), path)
+        for step, path in sorted(found.items(), key=lambda item: item[0] or 0):
+            if step in self._pushed_steps:
+                continue
+            self._pushed_steps.add(step)
+            branch = self.branch(step)
+            options = ExportOptions(
+                license=self.license, tags=self.tags, push_to_hub=True, repo_id=self.repo_id,
+                private=self.private, revision=branch,
+            )  # fmt: skip
+            later = (
+                f"training goes on, {path} is kept: `python -m mlm_adapt export --ckpt_path {path} "
+                f"--output_dir DIR --push_to_hub --repo_id {self.repo_id} --revision {branch}` pushes it"
+            )
+            progress = Progress("export", bars=trainer.progress_bar_callback is not None)
+            # The export is made for the push: it lives as long as the upload, in the run's root.
+            with tempfile.TemporaryDirectory(prefix=".mlm_adapt-push-", dir=trainer.default_root_dir) as tmp:
+                try:
+                    result = export_checkpoint(
+                        path, str(Path(tmp) / "export"), options, progress=progress, kept=later
+                    )
+                except MLMAdaptError as exc:
+                    rank_zero_warn(str(exc))
+                    continue
+            rank_zero_info(f"mlm_adapt export: pushed {checkpoint_name(path, step)} to {result.hub_url}")
+
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "val_history": self.val_history,
@@ -306,10 +357,11 @@ class HFExport(ExportOptions, L.Callback):
         trainer.strategy.barrier("mlm_adapt_export")
         if not trainer.is_global_zero:
             return
+        self._push_checkpoints(trainer)
         path = None
         if self.checkpoint == "best":
             path = next((c.best_model_path for c in self._monitoring(trainer) if c.best_model_path), None)
-        source = f"best checkpoint by {self.monitor}: {path}"
+        what = f"best checkpoint by {self.monitor}"
         # Under FSDP/DeepSpeed the in-memory weights are sharded across ranks: export from checkpoint files.
         if path is None and not isinstance(trainer.strategy, WHOLE_WEIGHTS):
             path = next((c.last_model_path for c in trainer.checkpoint_callbacks if c.last_model_path), None)
@@ -318,13 +370,14 @@ class HFExport(ExportOptions, L.Callback):
                     f"export: the {type(trainer.strategy).__name__} weights are sharded, so export reads a "
                     f"checkpoint: add a ModelCheckpoint monitoring {self.monitor!r} or with save_last: true"
                 )
-            source = f"last checkpoint: {path}"
+            what = "last checkpoint"
         baseline = dict(getattr(pl_module, "baseline_metrics", {}))
         if path is not None:
             checkpoint = load_checkpoint(path, key="export.checkpoint")
             module = module_from_checkpoint(checkpoint, key="export.checkpoint")
             model, step, epoch = module.model, checkpoint.get("global_step"), checkpoint.get("epoch")
             baseline = module.baseline_metrics or baseline
+            source = f"{what}: {checkpoint_name(path, step)}"
         elif self._best is not None:
             value, step, state = self._best
             model, epoch = copy.deepcopy(pl_module.model), None
@@ -336,6 +389,8 @@ class HFExport(ExportOptions, L.Callback):
             if self.checkpoint == "best" and self.val_history:  # validated, yet no best weights
                 rank_zero_warn(f"export.monitor: {self._why_no_best(trainer)}; exported the final weights")
         final, final_step = val_metrics_at(self.val_history, step)
+        # With a branch per checkpoint, the weights fit ends with go to main (what from_pretrained loads).
+        branch = None if self.pushes_checkpoints else self.branch(step)
         progress = Progress("export", bars=trainer.progress_bar_callback is not None)
         report = None
         if self.merges:
@@ -359,7 +414,7 @@ class HFExport(ExportOptions, L.Callback):
             source=source,
             global_step=step,
             epoch=epoch,
-            **self.card_fields(),
+            **self.card_fields(branch),
             replay=replay(step) if replay is not None else {},
             merge=report.plain() if report is not None else {},
         )
@@ -368,7 +423,7 @@ class HFExport(ExportOptions, L.Callback):
         after = f"; val/loss {final['val/loss']:.4f} at step {final_step}" if "val/loss" in final else ""
         merged = f", merged toward the base at α={report.alpha:.4g}" if report is not None else ""
         rank_zero_info(f"mlm_adapt export: wrote {self.export_dir} ({source}{merged}){after}{check}")
-        url = self.push(self.export_dir, progress)
+        url = self.push(self.export_dir, progress, branch)
         if url is not None:
             rank_zero_info(f"mlm_adapt export: pushed to {url}")
 
@@ -408,13 +463,15 @@ def export_checkpoint(
     progress: Progress | None = None,
     datamodule: MLMDataModule | None = None,
     limit_val_batches: int | float | None = None,
+    kept: str | None = None,
 ) -> ExportResult:
     """Writes the checkpoint file or FSDP sharded directory ``ckpt_path`` as a Hugging Face directory (and
     optionally pushes it to the Hub), with ``base_model`` if the one it records is not here. The card's
     metrics, corpus statistics and config come from what the run stored in the checkpoint (the module's
     baseline, ``HFExport``'s state). A merge (``options.merge_*``) is scored on the validation sets of
     ``datamodule`` (built from the user's config, never from the checkpoint), ``limit_val_batches`` of each,
-    if one is given; ``merge_budget`` needs it."""
+    if one is given; ``merge_budget`` needs it. ``kept`` ends the line of a failed push (default: where the
+    local export is kept)."""
     progress = progress or Progress("export")
     # The checkpoint, a local base model and what the run read (as the checkpoint records it: the model it
     # started from above all) must survive the export, whatever overwrite says. The metadata is read
@@ -455,6 +512,7 @@ def export_checkpoint(
     state = callback_state(checkpoint, HFExport.__qualname__)
     history = {int(k): v for k, v in (state.get("val_history") or {}).items()}
     final, final_step = val_metrics_at(history, checkpoint.get("global_step"))
+    branch = options.branch(checkpoint.get("global_step"))
     info = ExportInfo(
         head=module.head,
         model_hparams=dict(checkpoint.get("hyper_parameters") or {}),
@@ -464,12 +522,12 @@ def export_checkpoint(
         final_metrics_step=final_step,
         corpus_stats=dict(state.get("corpus_stats") or {}),
         config_yaml=state.get("config_yaml"),
-        source=f"checkpoint {ckpt_path}",
+        source=f"checkpoint {checkpoint_name(ckpt_path, checkpoint.get('global_step'))}",
         global_step=checkpoint.get("global_step"),
         epoch=checkpoint.get("epoch"),
-        **options.card_fields(),
+        **options.card_fields(branch),
         replay=summary_from_checkpoint(checkpoint.get(MLMDataModule.__qualname__)),
         merge=report.plain() if report is not None else {},
     )
     diff = write_export(module.model, tokenizer, output, info, progress=progress)
-    return ExportResult(info, diff, options.push(Path(output_dir), progress), report)
+    return ExportResult(info, diff, options.push(Path(output_dir), progress, branch, kept), report)

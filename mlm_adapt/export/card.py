@@ -36,14 +36,14 @@ class ExportInfo:
     every sentence of the card about masking, segmentation and replay follows from them);
     ``baseline_metrics`` the validation metrics of the unadapted model (step 0), ``final_metrics`` those of
     the exported weights (at ``final_metrics_step``); ``config_yaml`` LightningCLI's resolved config;
-    ``source`` which weights were exported (e.g. ``best checkpoint by val/loss: PATH``); ``repo_id`` the
-    Hub repository of the usage example; ``replay`` what replay under ``forgetting.budget`` did
-    (:func:`~mlm_adapt.data.replay.replay_summary`); ``tags`` the Hub tags given (``None``: :func:`run_tags`);
-    ``model_type`` and ``mask_token`` those of the exported model and tokenizer (the family's tag, the
-    usage example's mask); ``head`` what the base checkpoint's masked-LM head was
-    (:func:`~mlm_adapt.model.loading.check_head`; ``None``: a random init); ``merge`` how the exported
-    weights were merged back toward the base (:meth:`~mlm_adapt.export.merge.MergeReport.plain`; empty:
-    not merged).
+    ``source`` which weights were exported (e.g. ``best checkpoint by val/loss: last.ckpt (step 6)``);
+    ``repo_id`` and ``revision`` the Hub repository and branch of the usage example; ``replay`` what replay
+    under ``forgetting.budget`` did (:func:`~mlm_adapt.data.replay.replay_summary`); ``tags`` the Hub tags
+    given (``None``: :func:`run_tags`); ``model_type`` and ``mask_token`` those of the exported model and
+    tokenizer (the family's tag, the usage example's mask); ``head`` what the base checkpoint's masked-LM
+    head was (:func:`~mlm_adapt.model.loading.check_head`; ``None``: a random init); ``merge`` how the
+    exported weights were merged back toward the base (:meth:`~mlm_adapt.export.merge.MergeReport.plain`;
+    empty: not merged).
     """
 
     model_hparams: dict[str, Any] = field(default_factory=dict)
@@ -59,6 +59,7 @@ class ExportInfo:
     license: str = "apache-2.0"
     tags: list[str] | None = None
     repo_id: str | None = None
+    revision: str | None = None
     replay: dict[str, Any] = field(default_factory=dict)
     model_type: str | None = None
     mask_token: str = "[MASK]"
@@ -81,6 +82,12 @@ class ExportInfo:
         }
         header = "# Hyperparameters stored in the checkpoint (no LightningCLI config recorded)\n"
         return header + yaml.safe_dump(withhold(clean), allow_unicode=True, sort_keys=False)
+
+
+def checkpoint_name(path: str | Path, step: int | None) -> str:
+    """A checkpoint as a card names it: its file (or sharded directory) name and step, no path of the
+    machine that trained."""
+    return f"{Path(path).name} (step {step})" if step is not None else Path(path).name
 
 
 def val_metrics_at(
@@ -125,7 +132,7 @@ def _segmenter(value: Any) -> str | None:
 
 
 def _user_dict(segmentation: SegmentationOptions) -> str:
-    return f"`{segmentation.user_dict}`" if segmentation.user_dict else "none"
+    return f"`{shown_path(segmentation.user_dict)}`" if segmentation.user_dict else "none"
 
 
 def _evaluation_masks(data: dict[str, Any]) -> str:
@@ -143,6 +150,18 @@ def _evaluation_masks(data: dict[str, Any]) -> str:
 
 def _is_hub_id(name: str) -> bool:
     return not Path(name).exists() and name.count("/") == 1 and not name.startswith((".", "/"))
+
+
+def shown_path(name: Any) -> Any:
+    """A file, directory or pattern (or a list of them) as a card names it: a Hub id as it is, a local path
+    by its last part (a pattern with its directory's name), never a path of the machine that trained."""
+    if isinstance(name, (list, tuple)):
+        return [shown_path(n) for n in name]
+    if not isinstance(name, str) or not name or _is_hub_id(name):
+        return name
+    path = Path(name)
+    pattern = any(c in path.name for c in "*?[") and path.parent.name
+    return f"{path.parent.name}/{path.name}" if pattern else path.name or name
 
 
 # Card rows whose string values are shown as they are (not formatted as numbers).
@@ -206,7 +225,7 @@ def _replay_rows(data: dict[str, Any], replay: dict[str, Any]) -> list[tuple[str
         how = f", replay rate set by forgetting.budget={budget}"
     if "segments" in replay:
         how += " (the run's last segment: see Replay settings by segment)"
-    return [("general text replayed", _fmt(options.files) + how)]
+    return [("general text replayed", _fmt(shown_path(options.files)) + how)]
 
 
 def _budget_lines(replay: dict[str, Any]) -> list[str]:
@@ -322,14 +341,17 @@ def _validation_data(data: dict[str, Any]) -> str | None:
     files, split = data.get("validation_files"), data.get("validation_split")
     held_out = f"{split:.1%} of the training documents, held out" if split is not None else None
     if not isinstance(files, dict):
-        return _fmt(files) if files else held_out
+        return _fmt(shown_path(files)) if files else held_out
     sets = [(validation_prefix(i, list(files)), name, value) for i, (name, value) in enumerate(files.items())]
-    return "; ".join(f"`{p}/*`: {n} ({_fmt(v) if v else held_out or 'held out'})" for p, n, v in sets)
+    return "; ".join(
+        f"`{p}/*`: {n} ({_fmt(shown_path(v)) if v else held_out or 'held out'})" for p, n, v in sets
+    )
 
 
 def render_model_card(info: ExportInfo, title: str) -> ModelCard:
     """The ``README.md`` model card: Hub metadata, before/after metrics, corpus, masking and training."""
-    base = str(info.model_hparams.get("model_name_or_path", "unknown"))
+    name = str(info.model_hparams.get("model_name_or_path", "unknown"))
+    base = shown_path(name)
     # model.pretrained false: the base's architecture and tokenizer, none of its weights.
     from_scratch = info.model_hparams.get("pretrained") is False
     data = info.data_hparams
@@ -340,9 +362,11 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         pipeline_tag="fill-mask",
         tags=run_tags(info),
         # The Hub only accepts repository ids here, and a random init is no fine-tune of the base's weights.
-        base_model=base if _is_hub_id(base) and not from_scratch else None,
+        base_model=name if _is_hub_id(name) and not from_scratch else None,
     )
     target = info.repo_id or title
+    # A branch's card loads that branch: without revision= the pipeline would load main.
+    revision = f', revision="{info.revision}"' if info.repo_id and info.revision not in (None, "main") else ""
     scheme, unit = SCHEME_DESCRIPTIONS.get(masking_scheme(data), ("masking", "unknown"))
     before, after = info.baseline_metrics, info.final_metrics
     names = set(before) | set(after)
@@ -368,6 +392,9 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         if info.merge:
             summary += f", then merged back toward it (α = {info.merge['alpha']:.4g}: see below)"
         summary += "."
+    if revision:
+        step = f": the weights of step {info.global_step}" if info.global_step is not None else ""
+        summary += f"\n\nThis is the `{info.revision}` branch of `{info.repo_id}`{step}."
     lines = [
         f"# {title}",
         "",
@@ -378,7 +405,7 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         "```python",
         "from transformers import pipeline",
         "",
-        f'fill_mask = pipeline("fill-mask", model="{target}")',
+        f'fill_mask = pipeline("fill-mask", model="{target}"{revision})',
         f'print(fill_mask("北京{info.mask_token}你！"))',
         "```",
         "",
@@ -414,9 +441,11 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         if warmup:
             scored = f"and trained alone for {warmup} steps before the before column was scored"
         lines += ["", f"`{base}` {what}: the head started untrained, {scored}."]
-    files = data.get("train_files") or ([data["dataset_name"]] if data.get("dataset_name") else [])
+    files = shown_path(data.get("train_files")) or (
+        [data["dataset_name"]] if data.get("dataset_name") else []
+    )
     if data.get("prepared_dir"):  # the run read only the directory, whatever train_files said
-        files = f"the prepared directory `{data['prepared_dir']}` (`python -m mlm_adapt prepare`)"
+        files = f"the prepared directory `{shown_path(data['prepared_dir'])}` (`python -m mlm_adapt prepare`)"
     corpus = [("training data", files), *_replay_rows(data, info.replay)]
     corpus += [("validation data", _validation_data(data))]
     corpus += [(k.replace("_", " "), v) for k, v in info.corpus_stats.items()]
@@ -436,9 +465,9 @@ def render_model_card(info: ExportInfo, title: str) -> ModelCard:
         ("packing", as_options(BlockOptions, data.get("blocks"), "data.blocks").packing),
     ]
     for heading, rows in (("Corpus", corpus), ("Masking", masking), ("Training", _training_settings(info))):
-        shown = [(k, v) for k, v in rows if v is not None]
+        given = [(k, v) for k, v in rows if v is not None]
         lines += ["", f"## {heading}", ""] + [
-            f"- {k}: {v if isinstance(v, str) and k in _VERBATIM else _fmt(v)}" for k, v in shown
+            f"- {k}: {v if isinstance(v, str) and k in _VERBATIM else _fmt(v)}" for k, v in given
         ]
     lines += _replay_lines(info.replay)
     if info.merge:

@@ -83,6 +83,32 @@ def test_fit_refuses_a_push_or_merge_without_an_export(
     assert written(root) == []
 
 
+REVISION_CASES = {
+    "a field other than step": (
+        ["--export.revision=x-{epoch}"],
+        "export.revision='x-{epoch}': the one field a branch name may hold is {step}, e.g. step-{step}",
+    ),
+    "a branch per checkpoint, no checkpoint": (
+        ["--export.revision=step-{step}", "--trainer.enable_checkpointing=false"],
+        "export.revision='step-{step}' pushes each checkpoint the fit saves, but it saves none; add a "
+        "ModelCheckpoint to trainer.callbacks (every_n_train_steps: how often) or drop {step}",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REVISION_CASES))
+def test_fit_refuses_a_revision_it_cannot_push_to_before_training(
+    case, tiny_model_dir, corpus, tmp_path, capsys
+):
+    extra, line = REVISION_CASES[case]
+    root = tmp_path / "run"
+    push = ["--export.push_to_hub=true", "--export.repo_id=me/model", *extra]
+    code, lines = run_main(fit_args(tiny_model_dir, corpus, root, *push), capsys)
+    assert (code, lines) == (2, [f"mlm_adapt: error: {line}"])
+    assert not any(name.endswith((".ckpt", "metrics.csv")) for name in written(root))
+    assert not (root / "export").exists()
+
+
 @pytest.mark.parametrize("repo_id", ["me/model", "org-1/chinese_bert.v2", "name"])
 def test_good_repo_ids_pass(repo_id):
     check_repo_id(repo_id)

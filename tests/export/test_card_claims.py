@@ -42,12 +42,36 @@ def test_the_card_names_the_segmenter_and_its_options():
 
 def test_a_prepared_run_names_the_directory_it_read_not_the_command_lines_files():
     rows = _rows(_card(prepared_dir="/shared/prepared/law", train_files=["never_read.txt"]))
-    assert (
-        rows["training data"]
-        == "the prepared directory `/shared/prepared/law` (`python -m mlm_adapt prepare`)"
-    )
+    assert rows["training data"] == "the prepared directory `law` (`python -m mlm_adapt prepare`)"
     assert "never_read.txt" not in _card(prepared_dir="/shared/prepared/law", train_files=["never_read.txt"])
     assert _rows(_card(train_files=["a.txt", "b.txt"]))["training data"] == "`a.txt`, `b.txt`"
+
+
+def test_the_card_names_files_by_their_last_part_never_a_path_of_the_machine(tmp_path):
+    """The card goes to the Hub: a file, directory or pattern of the run is named by its last part (a
+    pattern with its directory's name), a Hub id as it is; the checkpoint by its file name and step."""
+    base = tmp_path / "models" / "chinese-bert"
+    base.mkdir(parents=True)
+    info = ExportInfo(
+        model_hparams={"model_name_or_path": str(base)},
+        data_hparams={
+            "train_files": [f"{tmp_path}/med/*.txt", f"{tmp_path}/extra.txt"],
+            "validation_files": {"domain": f"{tmp_path}/val.txt", "general": [f"{tmp_path}/gen/g.txt"]},
+            "segmentation": {"segmenter": "jieba", "user_dict": f"{tmp_path}/terms.txt"},
+            "replay": {"files": [f"{tmp_path}/general/*.txt"], "rate": 0.1},
+        },
+        source="best checkpoint by val/loss: step=30.ckpt (step 30)",
+    )
+    card = str(render_model_card(info, title="demo"))
+    assert str(tmp_path) not in card
+    rows = _rows(card)
+    assert rows["training data"] == "`med/*.txt`, `extra.txt`"
+    assert rows["validation data"] == "`val/*`: domain (`val.txt`); `val_general/*`: general (`g.txt`)"
+    assert rows["user dictionary"] == "`terms.txt`"
+    assert rows["general text replayed"].startswith("`general/*.txt`")
+    assert "`chinese-bert` adapted to domain text" in card
+    hub = ExportInfo(model_hparams={"model_name_or_path": "hfl/chinese-bert-wwm-ext"})
+    assert "`hfl/chinese-bert-wwm-ext` adapted" in str(render_model_card(hub, title="demo"))
 
 
 def test_the_card_states_replay_as_configured_and_the_budgets_trajectory():
