@@ -211,7 +211,7 @@ class HFExport(ExportOptions, L.Callback):
         # The best weights by ``monitor`` when no ModelCheckpoint keeps them: (value, step, CPU state dict).
         self._best: tuple[float, int, dict[str, torch.Tensor]] | None = None
         # Checkpoint files seen and steps pushed to a branch of their own (pushes_checkpoints).
-        self._seen: set[str] = set()
+        self._seen: set[tuple[str, int]] = set()
         self._pushed_steps: set[int | None] = set()
 
     def _monitoring(self, trainer: L.Trainer) -> list[ModelCheckpoint]:
@@ -297,10 +297,17 @@ class HFExport(ExportOptions, L.Callback):
         A failed push is one warning: training goes on, the checkpoint stays, ``export`` pushes it later."""
         if not (self.pushes_checkpoints and trainer.is_global_zero and self._output is not None):
             return
-        saved = {p for c in trainer.checkpoint_callbacks for p in saved_checkpoints(c)} - self._seen
-        self._seen |= saved
+        # A file by its modification time too: a ModelCheckpoint that keeps only last.ckpt rewrites it.
+        saved = {
+            (p, Path(p).stat().st_mtime_ns)
+            for c in trainer.checkpoint_callbacks
+            for p in saved_checkpoints(c)
+        }
+        new, self._seen = saved - self._seen, self._seen | saved
         found = {}
-        for path in sorted(saved, key=lambda p: Path(p).name.startswith("last")):  # a step's own name first
+        for path, _ in sorted(
+            new, key=lambda p: Path(p[0]).name.startswith("last")
+        ):  # a step's own name first
             found.setdefault(checkpoint_metadata(path, key="export.revision").get("global_step"), path)
         for step, path in sorted(found.items(), key=lambda item: item[0] or 0):
             if step in self._pushed_steps:
@@ -317,13 +324,14 @@ class HFExport(ExportOptions, L.Callback):
             )
             progress = Progress("export", bars=trainer.progress_bar_callback is not None)
             # The export is made for the push: it lives as long as the upload, in the run's root.
+            Path(trainer.default_root_dir).mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(prefix=".mlm_adapt-push-", dir=trainer.default_root_dir) as tmp:
                 try:
                     result = export_checkpoint(
                         path, str(Path(tmp) / "export"), options, progress=progress, kept=later
                     )
                 except MLMAdaptError as exc:
-                    rank_zero_warn(str(exc))
+                    rank_zero_warn(f"mlm_adapt export: {exc}")
                     continue
             rank_zero_info(f"mlm_adapt export: pushed {checkpoint_name(path, step)} to {result.hub_url}")
 

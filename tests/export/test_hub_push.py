@@ -11,6 +11,8 @@ import os
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,18 @@ card = (pulled / "README.md").read_text(encoding="utf-8")
 print(json.dumps({"local": digests(local), "pulled": digests(pulled), "diff": (hub - mine).abs().max().item(),
                   "card": card}))
 """
+
+
+def call(hub: str, method: str, path: str, token: str | None = None, body: dict | None = None):
+    """``method path`` on the Hub server at ``hub``: (status, headers, JSON body)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"{hub}{path}", data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request) as response:  # noqa: S310 - the local test server
+            return response.status, response.headers, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, json.loads(exc.read() or b"null")
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +104,7 @@ def pull(url: str, home: Path, revision: str, local: Path) -> dict:
 @pytest.fixture(scope="module")
 def hub_run(hub, tmp_path_factory, tiny_model_dir, review_texts) -> tuple[Path, subprocess.CompletedProcess]:
     """A 6-step fit that saves a checkpoint every 3 steps and pushes each to ``step-{step}``, the final
-    export to main."""
+    export to main, of a private repo."""
     root = tmp_path_factory.mktemp("hub_run")
     corpus = root / "reviews.txt"
     corpus.write_text("\n".join(review_texts) + "\n", encoding="utf-8")
@@ -99,7 +113,7 @@ def hub_run(hub, tmp_path_factory, tiny_model_dir, review_texts) -> tuple[Path, 
         "--trainer.val_check_interval=3",
         f"--trainer.callbacks+={CHECKPOINTS % (root / 'checkpoints')}",
         "--export.checkpoint=last", "--export.push_to_hub=true", f"--export.repo_id={REPO_ID}",
-        "--export.revision=step-{step}",
+        "--export.revision=step-{step}", "--export.private=true",
     )  # fmt: skip
     result = fresh(["-m", "mlm_adapt", "fit", *args], hub_env(hub, root / "hf_home"), root)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -121,6 +135,8 @@ def test_fit_pushes_the_export_to_main_and_each_checkpoint_to_its_branch(hub, hu
     ], lines
     assert WRITE_TOKEN not in result.stdout + result.stderr
     assert not list(root.glob(".mlm_adapt-push-*"))  # the exports made for the pushes are gone
+    assert call(hub, "GET", f"/api/models/{REPO_ID}", WRITE_TOKEN)[2]["private"] is True
+    assert call(hub, "GET", f"/api/models/{REPO_ID}")[0] == 404  # hidden from anyone else
 
     main = pull(hub, tmp_path / "home_main", "main", root / "export")
     assert main["pulled"] == main["local"] and "model.safetensors" in main["pulled"]
@@ -153,6 +169,44 @@ def test_export_pushes_a_checkpoint_to_a_branch_that_loads_it(hub, hub_run, tmp_
     assert pushed_commits(result.stdout) == pushed_commits(fit.stdout + fit.stderr)[:1]
 
 
+def test_a_fit_whose_pushes_fail_trains_on_and_ends_in_one_line(hub, hub_run, tiny_model_dir, tmp_path):
+    """A read-only token: each checkpoint's push is one warning that names the command that pushes it later
+    and training goes on; the final push ends the fit in one line; the checkpoints and the export stay."""
+    corpus = tmp_path / "reviews.txt"
+    corpus.write_text((hub_run[0] / "reviews.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    args = tiny_fit_args(
+        tiny_model_dir, corpus, tmp_path,
+        "--trainer.val_check_interval=3",
+        f"--trainer.callbacks+={CHECKPOINTS % (tmp_path / 'checkpoints')}",
+        "--export.checkpoint=last", "--export.push_to_hub=true", "--export.repo_id=alice/read-only",
+        "--export.revision=step-{step}",
+    )  # fmt: skip
+    result = fresh(
+        ["-m", "mlm_adapt", "fit", *args], hub_env(hub, tmp_path / "hf_home", READ_TOKEN), tmp_path
+    )
+    denied = (
+        "push_to_hub: the token may not write to 'alice/read-only' (HTTP 403); use a token with write access "
+        "to it, or a repo_id in a namespace you can write to; "
+    )
+    mark = "mlm_adapt export: push_to_hub:"
+    warned = [line[line.index(mark) :] for line in result.stderr.splitlines() if mark in line]
+    assert result.returncode == 2 and len(warned) == 2, result.stderr[-3000:]
+    for step, line in zip((3, 6), warned, strict=True):
+        path = tmp_path / "checkpoints" / f"step={step}.ckpt"
+        later = f"--output_dir DIR --push_to_hub --repo_id alice/read-only --revision step-{step}"
+        assert line == (
+            f"mlm_adapt export: {denied}training goes on, {path} is kept: "
+            f"`python -m mlm_adapt export --ckpt_path {path} {later}` pushes it"
+        )
+    assert result.stderr.splitlines()[-1] == (
+        f"mlm_adapt: error: {denied}the local export is kept in {tmp_path / 'export'}"
+    )
+    assert (tmp_path / "export" / "model.safetensors").is_file() and not list(
+        tmp_path.glob(".mlm_adapt-push-*")
+    )
+    assert READ_TOKEN not in result.stdout + result.stderr
+
+
 def _closed_port_url() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -164,11 +218,6 @@ FAILURES = {
         "hf_not_a_token_of_this_hub", False, None, REPO_ID,
         "push_to_hub: the Hub does not accept the token (HTTP 401); set HF_TOKEN or `hf auth login` to a "
         "valid one",
-    ),
-    "read-only token": (
-        READ_TOKEN, False, None, "alice/read-only",
-        "push_to_hub: the token may not write to 'alice/read-only' (HTTP 403); use a token with write "
-        "access to it, or a repo_id in a namespace you can write to",
     ),
     "another namespace": (
         WRITE_TOKEN, False, None, "bob/adapted",
@@ -204,3 +253,18 @@ def test_a_failed_push_is_one_line_that_says_why_and_keeps_the_export(case, hub,
     assert "Traceback" not in result.stderr
     assert token not in result.stdout + result.stderr
     assert {"model.safetensors", "config.json", "README.md"} <= {p.name for p in output.iterdir()}
+
+
+def test_the_hub_server_answers_as_the_hub_does(hub):
+    """What the tests above rely on of the server itself: a second create is 409 with the repo's URL, a
+    private repo is RepoNotFound to anyone but its owner, an unknown token is 401."""
+
+    create = {"name": "secret", "organization": None, "visibility": "private", "type": "model"}
+    assert call(hub, "POST", "/api/repos/create", WRITE_TOKEN, create)[0] == 200
+    status, _, body = call(hub, "POST", "/api/repos/create", WRITE_TOKEN, create)
+    assert (status, body["url"]) == (409, f"{hub}/alice/secret")
+    assert call(hub, "GET", "/api/models/alice/secret", WRITE_TOKEN)[2]["private"] is True
+    status, headers, _ = call(hub, "GET", "/api/models/alice/secret")  # anonymous
+    assert (status, headers["X-Error-Code"]) == (404, "RepoNotFound")
+    assert call(hub, "GET", "/api/models/alice/secret", "hf_unknown")[0] == 401
+    assert call(hub, "GET", "/api/models/alice/secret", READ_TOKEN)[0] == 200  # the owner's, read-only
