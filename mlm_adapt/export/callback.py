@@ -304,10 +304,9 @@ class HFExport(ExportOptions, L.Callback):
             for p in saved_checkpoints(c)
         }
         new, self._seen = saved - self._seen, self._seen | saved
-        found = {}
-        for path, _ in sorted(
-            new, key=lambda p: Path(p[0]).name.startswith("last")
-        ):  # a step's own name first
+        found: dict[int | None, str] = {}
+        # last.ckpt repeats the step of a file of its own: that file names the step's checkpoint.
+        for path in sorted((p for p, _ in new), key=lambda p: Path(p).name.startswith("last")):
             found.setdefault(checkpoint_metadata(path, key="export.revision").get("global_step"), path)
         for step, path in sorted(found.items(), key=lambda item: item[0] or 0):
             if step in self._pushed_steps:
