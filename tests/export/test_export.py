@@ -74,7 +74,10 @@ def test_fit_exports_best_checkpoint_with_identical_logits(trained_run, tiny_mod
     export_dir = trained_run / "export"
     assert {p.name for p in export_dir.iterdir()} == EXPORTED
     best = best_checkpoint(trained_run)
-    assert str(best) in (export_dir / "README.md").read_text(encoding="utf-8")  # best, not last
+    card = (export_dir / "README.md").read_text(encoding="utf-8")
+    step = int(best.stem.rsplit("step=", 1)[1])
+    # best, not last; by its file name and step, not its path
+    assert f"best checkpoint by val/loss: {best.name} (step {step})" in card and str(trained_run) not in card
     assert torch.equal(export_logits(export_dir), checkpoint_logits(best, tiny_model_dir, tokenizer))
     assert "mlm_adapt export: wrote" in (trained_run / "fit_stderr.txt").read_text(encoding="utf-8")
 
@@ -244,7 +247,9 @@ def test_export_push_to_hub_arguments(trained_run, tmp_path, monkeypatch, capsys
         ),
     ]
     assert hub.uploaded == FILES
-    assert 'pipeline("fill-mask", model="someone/tiny-zh-reviews")' in (out / "README.md").read_text("utf-8")
+    # The card pushed to a branch loads that branch.
+    usage = 'pipeline("fill-mask", model="someone/tiny-zh-reviews", revision="adapted")'
+    assert usage in (out / "README.md").read_text("utf-8")
     captured = capsys.readouterr()
     assert "pushed to https://huggingface.co/someone/tiny-zh-reviews/commit/abc" in captured.out
     assert "hf_secret_value" not in captured.out + captured.err
