@@ -150,7 +150,6 @@ class Handler(BaseHTTPRequestHandler):
         routes = [
             ("POST", r"/api/repos/create", self.create_repo),
             ("POST", r"/api/validate-yaml", self.validate_yaml),
-            ("GET", r"/api/whoami-v2", self.whoami),
             ("POST", rf"/api/models/{_REPO}/branch/(?P<branch>[^?]+)", self.create_branch),
             ("GET", rf"/api/models/{_REPO}/refs", self.refs),
             ("POST", rf"/api/models/{_REPO}/preupload/{_REV}", self.preupload),
@@ -197,10 +196,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def validate_yaml(self, query: str) -> None:
         self._json(200, {"errors": [], "warnings": []})
-
-    def whoami(self, query: str) -> None:
-        user = self._user(required=True)
-        self._json(200, {"type": "user", "name": user[0], "auth": {"accessToken": {"role": "write"}}})
 
     def create_branch(self, repo: str, branch: str, query: str) -> None:
         target = self._repo(repo, write=True)

@@ -19,7 +19,6 @@ from mlm_adapt.guard.outputs import MARKER
 # Connection failures surface as the HTTP client's own errors (httpx or httpx2, depending on the
 # huggingface_hub version); HfHubHTTPError derives from that client's HTTPError, so take it from there.
 _HTTP_ERRORS = tuple(c for c in HfHubHTTPError.__mro__[1:] if c.__name__ == "HTTPError")
-_CLIENT_ERRORS = (*_HTTP_ERRORS, OSError)
 
 COMMIT_MESSAGE = "Upload adapted masked-LM (mlm_adapt)"
 
@@ -183,7 +182,8 @@ def push_folder(
             commit_message=COMMIT_MESSAGE,
             ignore_patterns=[MARKER],  # local bookkeeping of overwrite, not part of the model
         )
-    except (OfflineModeIsEnabled, *_CLIENT_ERRORS, RuntimeError) as exc:
+    # OSError: offline mode (a ConnectionError) and hf_xet's failures; RuntimeError: an LFS upload's.
+    except (*_HTTP_ERRORS, OSError, RuntimeError) as exc:
         raise MLMAdaptError(
             f"push_to_hub: {push_failure(exc, repo_id)}; {kept or f'the local export is kept in {folder}'}"
         ) from None

@@ -60,7 +60,7 @@ def load_checkpoint(path: str | Path, key: str = "--ckpt_path") -> dict[str, Any
 def saved_checkpoints(callback: Any) -> set[str]:
     """The checkpoint files (or sharded directories) a ``ModelCheckpoint`` has saved and still keeps: its
     best k, its best and its last."""
-    paths = [*getattr(callback, "best_k_models", {}), callback.best_model_path, callback.last_model_path]
+    paths = [*callback.best_k_models, callback.best_model_path, callback.last_model_path]
     return {str(p) for p in paths if p and Path(p).exists()}
 
 
